@@ -1,0 +1,473 @@
+"""The one configuration schema of terascale.
+
+Every parameter is declared once here, as a field of a frozen dataclass, with its default, its
+constraint (as data) and its help text. ``conf/defaults.yaml`` is rendered from this module
+(``terascale config --defaults``) and a test keeps the two equal. Values are resolved in this
+order: schema defaults -> each ``--conf FILE`` -> each ``--set section.key=value``. Validation
+happens on the driver before any Spark job or socket starts; every error names the key, the bad
+value and what is allowed, and unknown keys get a did-you-mean suggestion.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CRITEO_INT_FIELDS = tuple(f"I{k}" for k in range(1, 14))
+CRITEO_CAT_FIELDS = tuple(f"C{k}" for k in range(1, 27))
+CRITEO_FIELDS = CRITEO_INT_FIELDS + CRITEO_CAT_FIELDS
+
+
+class ConfigError(ValueError):
+    """A configuration key, value or file is not acceptable."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Constraints, declared as data; one error format for all of them.
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+@dataclass(frozen=True)
+class Interval:
+    lo: float | None = None
+    hi: float | None = None
+    integer: bool = False
+    lo_open: bool = False
+
+    def ok(self, v: Any) -> bool:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return False
+        if self.integer and not isinstance(v, int):
+            return False
+        if isinstance(v, float) and not math.isfinite(v):
+            return False
+        if self.lo is not None and (v < self.lo or (self.lo_open and v == self.lo)):
+            return False
+        return self.hi is None or v <= self.hi
+
+    def describe(self) -> str:
+        kind = "an integer" if self.integer else "a finite number"
+        lo = "-inf" if self.lo is None else _num(self.lo)
+        hi = "inf" if self.hi is None else _num(self.hi)
+        return f"{kind} in {'(' if self.lo_open or self.lo is None else '['}{lo}, {hi}]"
+
+
+@dataclass(frozen=True)
+class OneOf:
+    options: tuple[Any, ...]
+
+    def ok(self, v: Any) -> bool:
+        return v in self.options
+
+    def describe(self) -> str:
+        return "one of " + ", ".join(repr(o) for o in self.options)
+
+
+@dataclass(frozen=True)
+class SubsetOf:
+    options: tuple[str, ...]
+
+    def ok(self, v: Any) -> bool:
+        return all(x in self.options for x in v) and len(set(v)) == len(v)
+
+    def describe(self) -> str:
+        return f"distinct names from {self.options[0]}..{self.options[-1]}"
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A free-form string; ``nonempty`` says whether '' is allowed."""
+
+    nonempty: bool = True
+
+    def ok(self, v: Any) -> bool:
+        return isinstance(v, str) and (bool(v) or not self.nonempty)
+
+    def describe(self) -> str:
+        return "a non-empty string" if self.nonempty else "a string"
+
+
+def param(default: Any, help: str, constraint: Any = None) -> Any:
+    """Declare one configuration parameter."""
+    meta = {"help": help, "constraint": constraint}
+    if isinstance(default, (list, dict, tuple)):
+        frozen = _freeze(default)
+        return field(default_factory=lambda: frozen, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def section(cls: type, help: str) -> Any:
+    return field(default_factory=cls, metadata={"help": help, "section": True})
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, dict):
+        return tuple(sorted((str(k), str(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+# ---------------------------------------------------------------------------------------------
+# The schema.
+
+
+@dataclass(frozen=True)
+class FeaturizeConf:
+    format: str = param("criteo", "input format: Criteo TSV or LibSVM", OneOf(("criteo", "libsvm")))
+    bits: int = param(24, "hash space is 2^bits buckets", Interval(1, 31, integer=True))
+    seed: int = param(0, "murmur3 seed (mmh3.hash semantics)", Interval(0, 2**32 - 1, integer=True))
+    fields: tuple = param(
+        CRITEO_FIELDS, "Criteo fields that become features", SubsetOf(CRITEO_FIELDS)
+    )
+    int_bucketing: str = param(
+        "log_squared",
+        "integer field value v -> token value: log_squared = v if v <= 2 else floor(ln(v)^2); identity = v",
+        OneOf(("log_squared", "identity")),
+    )
+    conjunctions: tuple = param(
+        (), "pairs of field names [[A, B], ...]; token '{tokenA}^{tokenB}' when both are present"
+    )
+    libsvm_index_base: int = param(
+        1, "LibSVM feature indices start at this number (1 for standard LibSVM files)", OneOf((0, 1))
+    )
+    partitions: int = param(
+        0, "number of output files; 0 = sized to about target_file_mb each", Interval(0, 100000, integer=True)
+    )
+    target_file_mb: int = param(128, "target output file size when partitions = 0", Interval(1, 4096, integer=True))
+    on_error: str = param(
+        "quarantine",
+        "malformed lines: quarantine (write to _quarantine/ and count) or fail (stop at the first one)",
+        OneOf(("quarantine", "fail")),
+    )
+    max_line_bytes: int = param(
+        65536, "a longer line is malformed (line_too_long)", Interval(64, 2**30, integer=True)
+    )
+    block_mb: int = param(16, "bytes read and parsed per batch inside a task", Interval(1, 1024, integer=True))
+    compression: str = param("snappy", "Parquet compression codec", OneOf(("snappy", "zstd", "lz4", "none")))
+
+
+@dataclass(frozen=True)
+class InjectConf:
+    slow_shard: int = param(-1, "chaos drill: this shard's first pass runs slow_factor times slower (-1: off)", Interval(-1, None, integer=True))
+    slow_factor: float = param(1.0, "chaos drill: slowdown of slow_shard", Interval(1.0, 1000.0))
+    fail_shard: int = param(-1, "chaos drill: this shard's task fails (-1: off)", Interval(-1, None, integer=True))
+    fail_attempt: int = param(0, "chaos drill: the driver attempt at which fail_shard fails", Interval(0, None, integer=True))
+    fail_pass: int = param(1, "chaos drill: the pass at which fail_shard fails", Interval(1, None, integer=True))
+    fail_mode: str = param("raise", "chaos drill: raise an exception or kill the process", OneOf(("raise", "kill")))
+
+
+@dataclass(frozen=True)
+class TrainConf:
+    workers: int = param(2, "K: number of shards and AllReduce ranks", Interval(1, 4096, integer=True))
+    spares: int = param(0, "S: spare barrier tasks that race the slowest shard's first pass", Interval(0, 4096, integer=True))
+    max_attempts: int = param(3, "driver-side attempts of the barrier stage (Spark does not retry it)", Interval(1, 100, integer=True))
+    inject: InjectConf = section(InjectConf, "fault injection for tests and chaos drills; off by default")
+
+
+@dataclass(frozen=True)
+class AllreduceConf:
+    host: str = param("", "address the tree server binds; '' = the Spark driver host", Pattern(nonempty=False))
+    chunk_bytes: int = param(1 << 20, "pipelining chunk of an AllReduce", Interval(8, 1 << 30, integer=True))
+    connect_timeout_s: float = param(30.0, "timeout of every connect", Interval(0, 3600, lo_open=True))
+    handshake_timeout_s: float = param(10.0, "a connection must authenticate within this time", Interval(0, 3600, lo_open=True))
+    io_timeout_s: float = param(120.0, "timeout of every receive during an AllReduce", Interval(0, 86400, lo_open=True))
+    startup_timeout_s: float = param(600.0, "every shard must have a survivor within this time", Interval(0, 86400, lo_open=True))
+    max_frame_bytes: int = param(1 << 28, "largest frame accepted (checked before allocating)", Interval(64, 1 << 31, integer=True))
+
+
+@dataclass(frozen=True)
+class SparkConf:
+    master: str = param("local[*]", "Spark master URL when the job creates the session", Pattern())
+    app_name: str = param("terascale", "Spark application name", Pattern())
+    log_level: str = param("WARN", "Spark log level", OneOf(("ERROR", "WARN", "INFO", "DEBUG")))
+    conf: tuple = param({}, "extra Spark settings {key: value} applied when the session is created")
+
+
+@dataclass(frozen=True)
+class Config:
+    featurize: FeaturizeConf = section(FeaturizeConf, "raw click logs -> hashed Parquet")
+    train: TrainConf = section(TrainConf, "distributed training")
+    allreduce: AllreduceConf = section(AllreduceConf, "spanning-tree AllReduce")
+    spark: SparkConf = section(SparkConf, "the Spark session")
+
+
+# ---------------------------------------------------------------------------------------------
+# Introspection helpers.
+
+
+def _is_section(f: dataclasses.Field) -> bool:
+    return bool(f.metadata.get("section"))
+
+
+def iter_params(cls: type = Config, prefix: str = ""):
+    """Yield (dotted_key, dataclasses.Field) for every leaf parameter."""
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if _is_section(f):
+            yield from iter_params(_field_type(cls, f), key + ".")
+        else:
+            yield key, f
+
+
+def _field_type(cls: type, f: dataclasses.Field) -> Any:
+    return typing.get_type_hints(cls)[f.name]
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory()  # type: ignore[misc]
+
+
+def all_keys() -> list[str]:
+    return [k for k, _ in iter_params()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Coercion and validation.
+
+
+def _coerce(key: str, typ: Any, value: Any, raw: bool) -> Any:
+    """Convert ``value`` (from YAML, or a raw --set string when ``raw``) to the field type."""
+    def bad(what: str) -> ConfigError:
+        return ConfigError(f"{key} = {value!r}: must be {what}")
+
+    if typ is str:
+        if raw:
+            return value
+        if not isinstance(value, str):
+            raise bad("a string")
+        return value
+    if typ is bool:
+        if raw:
+            low = value.strip().lower()
+            if low in ("true", "yes", "1", "on"):
+                return True
+            if low in ("false", "no", "0", "off"):
+                return False
+            raise bad("true or false")
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if typ is int:
+        if raw:
+            try:
+                return int(value.strip(), 0)
+            except ValueError:
+                raise bad("an integer") from None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad("an integer")
+        return value
+    if typ is float:
+        if raw:
+            try:
+                return float(value.strip())
+            except ValueError:
+                raise bad("a number") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad("a number")
+        return float(value)
+    if typ is tuple:
+        if raw:
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError as e:
+                raise bad(f"a YAML list or mapping ({e})") from None
+        if value is None:
+            return ()
+        if isinstance(value, (list, tuple, dict)):
+            return _freeze(value)
+        raise bad("a list or mapping")
+    raise ConfigError(f"{key}: unsupported type {typ!r}")  # a schema bug, not a user error
+
+
+def _check(key: str, f: dataclasses.Field, value: Any) -> None:
+    c = f.metadata.get("constraint")
+    if c is not None and not c.ok(value):
+        raise ConfigError(f"{key} = {value!r}: must be {c.describe()}")
+
+
+def _cross_checks(cfg: Config) -> None:
+    fz = cfg.featurize
+    for i, pair in enumerate(fz.conjunctions):
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            raise ConfigError(
+                f"featurize.conjunctions[{i}] = {pair!r}: must be a pair of field names like [C1, C2]"
+            )
+        for name in pair:
+            if name not in fz.fields:
+                raise ConfigError(
+                    f"featurize.conjunctions[{i}] = {list(pair)!r}: field {name!r} is not in featurize.fields"
+                )
+    for i, kv in enumerate(cfg.spark.conf):
+        if not (isinstance(kv, tuple) and len(kv) == 2):
+            raise ConfigError(f"spark.conf = {cfg.spark.conf!r}: must be a mapping of setting -> value")
+    if cfg.train.inject.slow_shard >= cfg.train.workers:
+        raise ConfigError(
+            f"train.inject.slow_shard = {cfg.train.inject.slow_shard}: must be -1 or a shard in [0, {cfg.train.workers - 1}]"
+        )
+    if cfg.train.inject.fail_shard >= cfg.train.workers:
+        raise ConfigError(
+            f"train.inject.fail_shard = {cfg.train.inject.fail_shard}: must be -1 or a shard in [0, {cfg.train.workers - 1}]"
+        )
+
+
+def _unknown(key: str) -> ConfigError:
+    close = difflib.get_close_matches(key, all_keys(), n=1, cutoff=0.6)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return ConfigError(f"unknown configuration key '{key}'{hint}")
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if _is_section(f):
+            kwargs[f.name] = _build(_field_type(cls, f), values, key + ".")
+        elif key in values:
+            kwargs[f.name] = values[key]
+    return cls(**kwargs)
+
+
+def _flatten(doc: Any, where: str, prefix: str = "") -> dict[str, Any]:
+    """Flatten a nested YAML mapping into dotted keys; leaves are parameter values."""
+    out: dict[str, Any] = {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: the top level must be a mapping of sections, got {type(doc).__name__}")
+    leaves = {k for k, _ in iter_params()}
+    for k, v in doc.items():
+        key = prefix + str(k)
+        if key in _section_keys():
+            if v is None:
+                continue
+            if not isinstance(v, dict):
+                raise ConfigError(f"{where}: '{key}' is a section and must be a mapping")
+            out.update(_flatten(v, where, key + "."))
+        elif key in leaves:
+            out[key] = v
+        else:
+            e = _unknown(key)
+            raise ConfigError(f"{where}: {e}")
+    return out
+
+
+def _section_keys(cls: type = Config, prefix: str = "") -> set[str]:
+    keys: set[str] = set()
+    for f in dataclasses.fields(cls):
+        if _is_section(f):
+            keys.add(prefix + f.name)
+            keys |= _section_keys(_field_type(cls, f), prefix + f.name + ".")
+    return keys
+
+
+def _owner_field(key: str) -> tuple[Any, dataclasses.Field]:
+    for k, f in iter_params():
+        if k == key:
+            owner = Config
+            for part in key.split(".")[:-1]:
+                owner = _field_type(owner, next(x for x in dataclasses.fields(owner) if x.name == part))
+            return _field_type(owner, f), f
+    raise _unknown(key)
+
+
+def load_config(conf_files: list[str | Path] = (), sets: list[str] = ()) -> Config:
+    """Resolve defaults <- conf files <- --set overrides, then validate. Raises ConfigError."""
+    values: dict[str, Any] = {}
+    for path in conf_files:
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"--conf {path}: cannot read ({e.strerror})") from None
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--conf {path}: not valid YAML ({e})") from None
+        for key, v in _flatten(doc or {}, str(path)).items():
+            typ, f = _owner_field(key)
+            values[key] = _coerce(key, typ, v, raw=False)
+    for item in sets:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: must look like section.key=value")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if key in _section_keys():
+            raise ConfigError(f"--set {item!r}: '{key}' is a section; set one of its keys")
+        typ, f = _owner_field(key)
+        values[key] = _coerce(key, typ, raw, raw=True)
+    for key, v in values.items():
+        _, f = _owner_field(key)
+        _check(key, f, v)
+    cfg = _build(Config, values)
+    _cross_checks(cfg)
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering.
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, tuple):
+        return [_plain(x) for x in v]
+    return v
+
+
+def to_dict(obj: Any = None) -> dict[str, Any]:
+    """The configuration as plain nested dicts/lists (JSON- and YAML-ready)."""
+    obj = Config() if obj is None else obj
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if _is_section(f):
+            out[f.name] = to_dict(v)
+        elif f.name == "conf" and isinstance(obj, SparkConf):
+            out[f.name] = {k: x for k, x in v}
+        else:
+            out[f.name] = _plain(v)
+    return out
+
+
+def render_yaml(cfg: Config | None = None, with_help: bool = True) -> str:
+    """YAML of the configuration; with help text as comments (this is conf/defaults.yaml)."""
+    cfg = Config() if cfg is None else cfg
+    lines: list[str] = []
+    if with_help:
+        lines += [
+            "# terascale configuration defaults. Generated by `terascale config --defaults`",
+            "# from jobs/config.py (the one schema); a test keeps this file equal to it.",
+        ]
+
+    def emit(obj: Any, indent: int) -> None:
+        pad = "  " * indent
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            if _is_section(f):
+                if with_help:
+                    lines.append(f"{pad}# {f.metadata['help']}")
+                lines.append(f"{pad}{f.name}:")
+                emit(v, indent + 1)
+                continue
+            if with_help:
+                c = f.metadata.get("constraint")
+                allowed = f" [{c.describe()}]" if c is not None else ""
+                lines.append(f"{pad}# {f.metadata['help']}{allowed}")
+            plain = to_dict(obj)[f.name]
+            dumped = yaml.safe_dump({f.name: plain}, default_flow_style=True, width=10**6, sort_keys=False).strip()
+            if dumped.startswith("{") and dumped.endswith("}"):
+                dumped = dumped[1:-1]
+            lines.append(f"{pad}{dumped}")
+
+    emit(cfg, 0)
+    return "\n".join(lines) + "\n"
