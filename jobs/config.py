@@ -155,6 +155,10 @@ class FeaturizeConf:
     )
     block_mb: int = param(16, "bytes read and parsed per batch inside a task", Interval(1, 1024, integer=True))
     compression: str = param("snappy", "Parquet compression codec", OneOf(("snappy", "zstd", "lz4", "none")))
+    inject_fail_task: int = param(
+        -1, "chaos drill: the first attempt of this task fails after writing part of its output (-1: off)",
+        Interval(-1, None, integer=True),
+    )
 
 
 @dataclass(frozen=True)

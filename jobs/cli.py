@@ -1,0 +1,185 @@
+"""The ``terascale`` command line: one entry point, one subcommand per job.
+
+Every job subcommand takes ``--conf FILE`` (repeatable, later files win) and repeatable
+``--set section.key=value``; the configuration is validated before any Spark work starts and the
+resolved configuration is logged once. Exit codes: 0 success, 1 the job failed, 2 bad usage or
+configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+from jobs.config import ConfigError, load_config, render_yaml
+
+log = logging.getLogger("terascale")
+
+
+class UsageError(ValueError):
+    """Bad command-line arguments (exit code 2)."""
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _add_conf_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--conf", action="append", default=[], metavar="FILE", help="YAML configuration file (repeatable)")
+    p.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
+                   help="override one parameter, e.g. --set featurize.bits=22 (repeatable)")
+
+
+def _resolve(args) -> object:
+    cfg = load_config(args.conf, args.sets)
+    log.info("resolved configuration:\n%s", render_yaml(cfg, with_help=False).rstrip())
+    return cfg
+
+
+def _spec(cfg):
+    from pipeline.spec import FeatureSpec
+
+    f = cfg.featurize
+    return FeatureSpec(
+        format=f.format, bits=f.bits, seed=f.seed, fields=tuple(f.fields), int_bucketing=f.int_bucketing,
+        conjunctions=tuple(tuple(p) for p in f.conjunctions), libsvm_index_base=f.libsvm_index_base,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# subcommands
+
+
+def cmd_generate(args) -> int:
+    from pipeline.generate import generate_clicklogs
+
+    if args.rows < 0:
+        raise UsageError(f"--rows {args.rows}: must be >= 0")
+    if args.files < 1:
+        raise UsageError(f"--files {args.files}: must be >= 1")
+    if not 0.0 <= args.malformed_rate <= 1.0:
+        raise UsageError(f"--malformed-rate {args.malformed_rate}: must be in [0, 1]")
+    summary = generate_clicklogs(
+        args.out, args.rows, files=args.files, seed=args.seed, malformed_rate=args.malformed_rate,
+        with_prob=args.with_prob, compress="gzip" if args.gzip else None,
+    )
+    print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+def featurize(cfg, inputs: list[str], output: str) -> dict:
+    """Run the featurize job with a resolved configuration; returns the manifest."""
+    from jobs.session import get_spark
+    from pipeline.spark_featurize import run_featurize
+
+    spec = _spec(cfg)
+    spark = get_spark(cfg.spark)
+    return run_featurize(spark, inputs, output, spec, cfg.featurize)
+
+
+def featurize_summary(m: dict) -> str:
+    q = m["quarantine"]
+    reasons = ", ".join(f"{k}={v}" for k, v in q["by_reason"].items()) or "none"
+    distinct = "not counted (bits > 26)" if m["distinct_features"] is None else f"{m['distinct_features']:,}"
+    rate = m["lines"] / m["seconds"] if m["seconds"] else float("nan")
+    return "\n".join([
+        f"  rows in            {m['lines']:,}",
+        f"  rows written       {m['rows']:,} in {len(m['files'])} Parquet files",
+        f"  rows quarantined   {q['rows']:,} ({reasons})",
+        f"  positive rate      {m['label_mean']:.4f}" if m["label_mean"] is not None else "  positive rate      n/a",
+        f"  distinct features  {distinct} of 2^{m['spec']['bits']}",
+        f"  non-zeros          {m['nnz']:,} ({m['nnz'] / max(m['rows'], 1):.1f} per row)",
+        f"  bytes written      {m['bytes']:,}",
+        f"  time               {m['seconds']:.2f} s, {rate:,.0f} rows/s",
+    ])
+
+
+def cmd_featurize(args) -> int:
+    cfg = _resolve(args)
+    m = featurize(cfg, args.input, args.output)
+    print(f"featurized {len(m['inputs'])} input files -> {args.output}")
+    print(featurize_summary(m))
+    return 0
+
+
+def cmd_config(args) -> int:
+    if args.defaults:
+        sys.stdout.write(render_yaml())
+        return 0
+    cfg = load_config(args.conf, args.sets)
+    sys.stdout.write(render_yaml(cfg, with_help=False))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from jobs.demo import run_demo
+
+    return run_demo(args.workdir, args.rows)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="terascale", description="Large-scale linear learning for click logs on Spark.")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    g = sub.add_parser("generate", help="write realistic synthetic Criteo click logs")
+    g.add_argument("--rows", type=int, required=True, help="number of lines to write")
+    g.add_argument("--out", required=True, help="output directory")
+    g.add_argument("--files", type=int, default=1, help="number of files, written in parallel")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--malformed-rate", type=float, default=0.0, help="fraction of malformed lines of every kind")
+    g.add_argument("--with-prob", action="store_true", help="also write each line's true click probability")
+    g.add_argument("--gzip", action="store_true", help="gzip the files")
+    g.set_defaults(fn=cmd_generate)
+
+    f = sub.add_parser("featurize", help="parse and hash raw click logs into Parquet (on Spark)")
+    f.add_argument("--input", nargs="+", required=True, metavar="PATH", help="files, directories or globs (local, hdfs://, s3://)")
+    f.add_argument("--output", required=True, metavar="DIR", help="dataset directory")
+    _add_conf_args(f)
+    f.set_defaults(fn=cmd_featurize)
+
+    c = sub.add_parser("config", help="print the resolved configuration (or the documented defaults)")
+    c.add_argument("--defaults", action="store_true", help="print conf/defaults.yaml with help text")
+    _add_conf_args(c)
+    c.set_defaults(fn=cmd_config)
+
+    d = sub.add_parser("demo", help="run the main pipeline end to end on generated data and print the results")
+    d.add_argument("--workdir", default="demo-output", help="where the demo writes its data")
+    d.add_argument("--rows", type=int, default=200_000, help="rows of generated click logs")
+    d.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.verbose)
+    t0 = time.perf_counter()
+    try:
+        rc = args.fn(args)
+    except (ConfigError, UsageError) as e:
+        print(f"terascale {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - the CLI reports every failure as one clear line
+        from pipeline.fsutil import InputError
+
+        log.debug("failure", exc_info=True)
+        kind = "input error" if isinstance(e, InputError) else "failed"
+        print(f"terascale {args.command}: {kind}: {e}", file=sys.stderr)
+        return 1
+    log.info("%s finished in %.1f s", args.command, time.perf_counter() - t0)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

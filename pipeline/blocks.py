@@ -1,0 +1,236 @@
+"""Read an input piece as blocks of whole lines and parse each block with a format kernel.
+
+A piece is a byte range of a plain file whose ends the driver aligned to line starts, or a
+whole gzip file. Blocks always end at a newline (or at the end of the piece). A line longer
+than ``max_line_bytes`` that does not fit a block is not buffered whole: it is reported as a
+``LongLine`` with its offset, true length and first ``raw_cap`` bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline import fsutil
+from pipeline.criteo_kernel import (
+    build_int_table,
+    count_separators,
+    field_id,
+    field_prefixes,
+    parse_criteo_block,
+)
+from pipeline.libsvm_kernel import parse_libsvm_block
+from pipeline.rowkernels import POW10, count_lines
+from pipeline.spec import FeatureSpec
+
+
+@dataclass(frozen=True)
+class Piece:
+    uri: str
+    start: int  # byte offset (0 for gzip)
+    end: int  # exclusive byte offset; -1 = to the end (gzip)
+    first_line: int  # 1-based number of the piece's first line in its file
+    gzip: bool = False
+
+    def to_json(self) -> list:
+        return [self.uri, self.start, self.end, self.first_line, self.gzip]
+
+    @classmethod
+    def from_json(cls, v: list) -> Piece:
+        return cls(v[0], int(v[1]), int(v[2]), int(v[3]), bool(v[4]))
+
+
+@dataclass
+class Block:
+    data: np.ndarray  # uint8, whole lines
+    offset: int  # byte offset of data[0] in the (decompressed) file
+
+
+@dataclass
+class LongLine:
+    offset: int
+    length: int
+    head: bytes
+
+
+def iter_blocks(piece: Piece, block_bytes: int, max_line: int, raw_cap: int) -> Iterator[Block | LongLine]:
+    fs, inner = fsutil.resolve(piece.uri)
+    if piece.gzip:
+        stream = fs.open_input_stream(inner, compression="gzip")
+        remaining = -1
+    else:
+        stream = fs.open_input_file(inner)
+        stream.seek(piece.start)
+        remaining = piece.end - piece.start
+    with stream:
+
+        def read() -> bytes:
+            nonlocal remaining
+            if remaining == 0:
+                return b""
+            n = block_bytes if remaining < 0 else min(block_bytes, remaining)
+            chunk = stream.read(n)
+            if remaining > 0:
+                remaining -= len(chunk)
+            return chunk
+
+        carry = b""
+        offset = piece.start
+        while True:
+            chunk = read()
+            if not chunk:
+                if carry:
+                    yield Block(np.frombuffer(carry, dtype=np.uint8), offset)
+                return
+            data = carry + chunk if carry else chunk
+            cut = data.rfind(b"\n")
+            if cut >= 0:
+                yield Block(np.frombuffer(data, dtype=np.uint8, count=cut + 1), offset)
+                offset += cut + 1
+                carry = data[cut + 1 :]
+                continue
+            if len(data) <= max_line:
+                carry = data
+                continue
+            # An over-long line without a newline in sight: skip to its end, keep its head.
+            head = data[:raw_cap]
+            length = len(data)
+            while True:
+                chunk = read()
+                if not chunk:
+                    yield LongLine(offset, length, head)
+                    return
+                nl = chunk.find(b"\n")
+                if nl < 0:
+                    length += len(chunk)
+                    continue
+                length += nl
+                yield LongLine(offset, length, head)
+                offset += length + 1
+                carry = chunk[nl + 1 :]
+                break
+
+
+@dataclass
+class ParsedBlock:
+    n_lines: int
+    labels: np.ndarray  # float32 (n_rows,)
+    indptr: np.ndarray  # int64 (n_rows + 1,)
+    indices: np.ndarray  # int32 (nnz,)
+    values: np.ndarray  # float32 (nnz,)
+    row_multi: np.ndarray  # bool (n_rows,): values of this row are not all 1
+    status: np.ndarray  # int8 (n_lines,)
+    line_start: np.ndarray  # int64 (n_lines,), offsets inside the block
+    line_len: np.ndarray  # int64 (n_lines,)
+
+
+class BlockParser:
+    """Parses blocks of one format with one spec, reusing its output buffers."""
+
+    def __init__(self, spec: FeatureSpec, max_line: int):
+        self.spec = spec
+        self.max_line = max_line
+        self.mask = (1 << spec.bits) - 1
+        if spec.format == "criteo":
+            self.sel = np.array([field_id(f) for f in spec.fields], dtype=np.int64)
+            self.conj = np.array([[field_id(a), field_id(b)] for a, b in spec.conjunctions], dtype=np.int64).reshape(-1, 2)
+            self.pdata, self.poff = field_prefixes()
+            self.int_mode = 0 if spec.int_bucketing == "log_squared" else 1
+            self.scratch = np.zeros(2 * max_line + 64, dtype=np.uint8)
+            self.int_table = build_int_table(self.int_mode, self.pdata, self.poff, self.mask, spec.seed)
+            self._seps = np.zeros(0, np.int64)
+            self._tmp = np.zeros(128, np.int64)  # scratch of the row sort (RANK_SORT_MAX = 64)
+        self._cap_lines = 0
+        self._cap_nnz = 0
+
+    def _ensure(self, lines: int, nnz: int) -> None:
+        if lines > self._cap_lines:
+            self._cap_lines = max(lines, int(self._cap_lines * 1.5))
+            n = self._cap_lines
+            self.status = np.zeros(n, np.int8)
+            self.line_start = np.zeros(n, np.int64)
+            self.line_len = np.zeros(n, np.int64)
+            self.labels = np.zeros(n, np.float32)
+            self.indptr = np.zeros(n + 1, np.int64)
+            self.row_multi = np.zeros(n, np.bool_)
+        if nnz > self._cap_nnz:
+            self._cap_nnz = max(nnz, int(self._cap_nnz * 1.5))
+            self.indices = np.zeros(self._cap_nnz, np.int32)
+            self.values = np.zeros(self._cap_nnz, np.float32)
+
+    def parse(self, data: np.ndarray) -> ParsedBlock:
+        n_bytes = data.shape[0]
+        max_lines = count_lines(data, n_bytes) + 1
+        if self.spec.format == "criteo":
+            per_row = self.sel.shape[0] + self.conj.shape[0]
+            self._ensure(max_lines, max_lines * per_row)
+            n_seps = count_separators(data, n_bytes) + 1
+            if self._seps.shape[0] < n_seps:
+                self._seps = np.zeros(max(n_seps, int(self._seps.shape[0] * 1.5)), np.int64)
+            n_lines, n_rows, nnz = parse_criteo_block(
+                data, n_bytes, self.max_line, self.sel, self.int_mode, self.conj, self.pdata, self.poff,
+                self.mask, self.spec.seed, self.int_table, self._seps, self._tmp, self.status, self.line_start, self.line_len, self.labels,
+                self.indptr, self.indices, self.values, self.row_multi, self.scratch,
+            )
+        else:
+            colons = int(np.count_nonzero(data == 58))
+            self._ensure(max_lines, colons + 1)
+            n_lines, n_rows, nnz = parse_libsvm_block(
+                data, n_bytes, self.max_line, self.spec.libsvm_index_base, 1 << self.spec.bits, POW10,
+                self.status, self.line_start, self.line_len, self.labels, self.indptr, self.indices,
+                self.values, self.row_multi,
+            )
+        return ParsedBlock(
+            n_lines=n_lines,
+            labels=self.labels[:n_rows],
+            indptr=self.indptr[: n_rows + 1],
+            indices=self.indices[:nnz],
+            values=self.values[:nnz],
+            row_multi=self.row_multi[:n_rows],
+            status=self.status[:n_lines],
+            line_start=self.line_start[:n_lines],
+            line_len=self.line_len[:n_lines],
+        )
+
+
+def _next_line_start(f, pos: int, size: int, step: int = 1 << 16) -> int:
+    """Smallest line start >= pos in an open random-access file (0 and size are line starts)."""
+    if pos <= 0:
+        return 0
+    if pos >= size:
+        return size
+    f.seek(pos - 1)
+    at = pos - 1
+    while at < size:
+        chunk = f.read(min(step, size - at))
+        if not chunk:
+            break
+        nl = chunk.find(b"\n")
+        if nl >= 0:
+            return at + nl + 1
+        at += len(chunk)
+    return size
+
+
+def align_range(uri: str, start: int, end: int, size: int, block_bytes: int = 16 << 20) -> tuple[int, int, int]:
+    """Move a nominal byte range to line starts and count the newlines inside it.
+
+    Returns (start, end, newlines). Ranges cut from one file at the same nominal bounds align
+    to the same line starts, so they still tile the file exactly.
+    """
+    fs, inner = fsutil.resolve(uri)
+    with fs.open_input_file(inner) as f:
+        a = _next_line_start(f, start, size)
+        b = _next_line_start(f, end, size)
+        n = 0
+        f.seek(a)
+        left = b - a
+        while left > 0:
+            chunk = f.read(min(block_bytes, left))
+            if not chunk:
+                break
+            n += chunk.count(b"\n")
+            left -= len(chunk)
+    return a, b, n

@@ -1,0 +1,269 @@
+"""Criteo TSV block parser and hasher (numba; no Python objects on the hot path).
+
+A block is a uint8 array holding whole lines. For each line the kernel validates it (empty, too
+long, UTF-8, 40 fields, label 0/1, integer fields), builds the feature tokens of
+``pipeline.spec`` in a scratch buffer, hashes them with murmur3 and writes one CSR row of sorted,
+unique indices (colliding tokens add their values). Bad lines get a reason code and no row.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from pipeline.hashing import murmur3_32
+from pipeline.rowkernels import (
+    BAD_INTEGER,
+    BAD_LABEL,
+    EMPTY_LINE,
+    INVALID_UTF8,
+    LINE_TOO_LONG,
+    OK,
+    WRONG_FIELD_COUNT,
+    parse_int,
+    valid_utf8,
+    write_int,
+)
+
+N_INT = 13
+N_CAT = 26
+N_COLS = 1 + N_INT + N_CAT  # label + features
+
+
+def field_prefixes() -> tuple[np.ndarray, np.ndarray]:
+    """Token prefixes ``I1=`` .. ``C26=`` of the 39 feature fields as (bytes, offsets)."""
+    names = [f"I{k}=" for k in range(1, N_INT + 1)] + [f"C{k}=" for k in range(1, N_CAT + 1)]
+    data = np.frombuffer("".join(names).encode(), dtype=np.uint8).copy()
+    off = np.zeros(len(names) + 1, dtype=np.int64)
+    np.cumsum([len(n) for n in names], out=off[1:])
+    return data, off
+
+
+def field_id(name: str) -> int:
+    """Feature field number 0..38 of a Criteo field name (I1..I13 -> 0..12, C1..C26 -> 13..38)."""
+    return int(name[1:]) - 1 if name[0] == "I" else N_INT + int(name[1:]) - 1
+
+
+INT_TABLE_LO = -1024  # raw integer values in [LO, HI) hash through a precomputed table
+INT_TABLE_HI = 65536
+
+
+@njit(cache=True, inline="always")
+def bucket_of(v, int_mode):
+    if int_mode == 1 or v <= 2:
+        return v
+    lg = math.log(np.float64(v))
+    return np.int64(math.floor(lg * lg))
+
+
+@njit(cache=True, inline="always")
+def _write_token(f, buf, fstart, flen, rawv, int_mode, pdata, poff, out, pos):
+    for q in range(poff[f], poff[f + 1]):
+        out[pos] = pdata[q]
+        pos += 1
+    if f < N_INT:
+        return write_int(bucket_of(rawv[f], int_mode), out, pos)
+    s = fstart[f + 1]
+    for q in range(flen[f + 1]):
+        out[pos] = buf[s + q]
+        pos += 1
+    return pos
+
+
+@njit(cache=True)
+def build_int_table(int_mode, pdata, poff, mask, seed):
+    """Hashed index of every integer field's token for raw values in [INT_TABLE_LO, INT_TABLE_HI)."""
+    width = INT_TABLE_HI - INT_TABLE_LO
+    table = np.zeros((N_INT, width), dtype=np.int32)
+    scratch = np.zeros(64, dtype=np.uint8)
+    for f in range(N_INT):
+        for k in range(width):
+            pos = 0
+            for q in range(poff[f], poff[f + 1]):
+                scratch[pos] = pdata[q]
+                pos += 1
+            pos = write_int(bucket_of(np.int64(k + INT_TABLE_LO), int_mode), scratch, pos)
+            table[f, k] = murmur3_32(scratch, 0, pos, seed) & mask
+    return table
+
+
+RANK_SORT_MAX = 64  # rows up to this many entries sort by branchless ranking, longer ones by insertion
+
+
+@njit(cache=True)  # not inlined: LLVM vectorizes the ranking loop only in its own function
+def _sort_count_row(indices, values, start, end, tmp):
+    """Sort indices[start:end], merge duplicates into counts in values. Returns the new end."""
+    n = end - start
+    if n <= RANK_SORT_MAX:
+        # rank of each entry = entries smaller, ties broken by position: branchless, vectorizes
+        # unique keys (index << 6 | position), padded with +inf to a multiple of 8 lanes
+        m = (n + 7) & ~7
+        for j in range(n):
+            tmp[j] = (np.int64(indices[start + j]) << 6) | j
+        for j in range(n, m):
+            tmp[j] = np.int64(1) << 62
+        for i in range(n):
+            k = tmp[i]
+            rank = 0
+            for j in range(m):
+                rank += np.int64(tmp[j] < k)
+            tmp[64 + rank] = k >> 6
+        for i in range(n):
+            indices[start + i] = tmp[64 + i]
+    else:
+        for i in range(start + 1, end):
+            k = indices[i]
+            j = i - 1
+            while j >= start and indices[j] > k:
+                indices[j + 1] = indices[j]
+                j -= 1
+            indices[j + 1] = k
+    if n == 0:
+        return end
+    w = start
+    values[w] = 1.0
+    for i in range(start + 1, end):
+        if indices[i] == indices[w]:
+            values[w] += 1.0
+        else:
+            w += 1
+            indices[w] = indices[i]
+            values[w] = 1.0
+    return w + 1
+
+
+@njit(cache=True)
+def find_separators(buf, n_bytes, seps):
+    """Positions of every tab and newline in buf[:n_bytes] into seps (branchless compaction).
+
+    Returns (count, any_non_ascii). ``seps`` must hold at least ``count_separators`` + 1 entries.
+    """
+    k = 0
+    hib = 0
+    for i in range(n_bytes):
+        c = buf[i]
+        hib |= c
+        seps[k] = i
+        k += (c == 9) | (c == 10)
+    return k, hib >= 128
+
+
+@njit(cache=True)
+def count_separators(buf, n_bytes):
+    k = 0
+    for i in range(n_bytes):
+        c = buf[i]
+        k += (c == 9) | (c == 10)
+    return k
+
+
+@njit(cache=True)
+def parse_criteo_block(
+    buf, n_bytes, max_line, sel, int_mode, conj, pdata, poff, mask, seed, int_table, seps, tmp,
+    status, line_start, line_len, labels, indptr, indices, values, row_multi, scratch,
+):
+    """Parse buf[:n_bytes]. Returns (n_lines, n_rows, nnz).
+
+    sel: int64 feature field ids in token order; int_mode 0 = log_squared, 1 = identity;
+    conj: int64 (C, 2) field id pairs; mask = 2^bits - 1; int_table from ``build_int_table``; seps sized by ``count_separators`` + 1;
+    tmp at least as long as the longest row.
+    Output arrays are sized by the caller (status/line_* per line, labels/indptr/row_multi per
+    row, indices/values per non-zero).
+    """
+    fstart = np.zeros(N_COLS, dtype=np.int64)
+    flen = np.zeros(N_COLS, dtype=np.int64)
+    rawv = np.zeros(N_INT, dtype=np.int64)
+    present = np.zeros(N_INT + N_CAT, dtype=np.bool_)
+    n_seps, non_ascii = find_separators(buf, n_bytes, seps)
+    ks = 0
+    n_lines = 0
+    n_rows = 0
+    nnz = 0
+    indptr[0] = 0
+    p = 0
+    while p < n_bytes:
+        # walk the precomputed separators of this line: field boundaries and the line end
+        nf = 0
+        fstart[0] = p
+        while ks < n_seps and buf[seps[ks]] == 9:
+            q = seps[ks]
+            if nf < N_COLS:
+                flen[nf] = q - fstart[nf]
+            nf += 1
+            if nf < N_COLS:
+                fstart[nf] = q + 1
+            ks += 1
+        if ks < n_seps:
+            e = seps[ks]  # the newline
+            ks += 1
+        else:
+            e = n_bytes
+        nxt = e + 1
+        if e > p and buf[e - 1] == 13:  # CRLF
+            e -= 1
+        if nf < N_COLS:
+            flen[nf] = e - fstart[nf]
+        nf += 1
+        li = n_lines
+        n_lines += 1
+        line_start[li] = p
+        line_len[li] = e - p
+        st = OK
+        if e == p:
+            st = EMPTY_LINE
+        elif e - p > max_line:
+            st = LINE_TOO_LONG
+        elif non_ascii and not valid_utf8(buf, p, e):
+            st = INVALID_UTF8
+        elif nf != N_COLS:
+            st = WRONG_FIELD_COUNT
+        elif flen[0] != 1 or (buf[fstart[0]] != 48 and buf[fstart[0]] != 49):
+            st = BAD_LABEL
+        else:
+            for k in range(N_INT):
+                ln = flen[k + 1]
+                if ln == 0:
+                    present[k] = False
+                    continue
+                c0 = fstart[k + 1]
+                ok, v = parse_int(buf, c0, c0 + ln)
+                if not ok:
+                    st = BAD_INTEGER
+                    break
+                present[k] = True
+                rawv[k] = v
+            for k in range(N_CAT):
+                present[N_INT + k] = flen[N_INT + 1 + k] > 0
+        status[li] = st
+        if st == OK:
+            labels[n_rows] = 1.0 if buf[fstart[0]] == 49 else 0.0
+            r0 = nnz
+            for j in range(sel.shape[0]):
+                f = sel[j]
+                if not present[f]:
+                    continue
+                if f < N_INT and INT_TABLE_LO <= rawv[f] < INT_TABLE_HI:
+                    indices[nnz] = int_table[f, rawv[f] - INT_TABLE_LO]
+                else:
+                    pos = _write_token(f, buf, fstart, flen, rawv, int_mode, pdata, poff, scratch, 0)
+                    indices[nnz] = murmur3_32(scratch, 0, pos, seed) & mask
+                nnz += 1
+            for j in range(conj.shape[0]):
+                a = conj[j, 0]
+                b = conj[j, 1]
+                if not (present[a] and present[b]):
+                    continue
+                pos = _write_token(a, buf, fstart, flen, rawv, int_mode, pdata, poff, scratch, 0)
+                scratch[pos] = 94  # '^'
+                pos = _write_token(b, buf, fstart, flen, rawv, int_mode, pdata, poff, scratch, pos + 1)
+                indices[nnz] = murmur3_32(scratch, 0, pos, seed) & mask
+                nnz += 1
+            raw = nnz
+            nnz = _sort_count_row(indices, values, r0, raw, tmp)
+            row_multi[n_rows] = nnz != raw
+            n_rows += 1
+            indptr[n_rows] = nnz
+        p = nxt
+    return n_lines, n_rows, nnz

@@ -1,0 +1,207 @@
+"""One featurize task: parse its pieces, write one Parquet file and its quarantine rows.
+
+Runs inside a Spark executor but never imports pyspark; the Spark adapter passes it plain data.
+Output goes to a directory private to the task attempt; the driver commits the attempt whose
+result Spark accepted, so retried or speculative attempts never duplicate or lose rows.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline import fsutil
+from pipeline.blocks import BlockParser, LongLine, Piece, iter_blocks
+from pipeline.rowkernels import LINE_TOO_LONG, REASONS, mark_features
+from pipeline.spec import FeatureSpec
+
+OUTPUT_SCHEMA = pa.schema(
+    [
+        pa.field("label", pa.float32(), nullable=False),
+        pa.field("weight", pa.float32(), nullable=False),
+        pa.field("indices", pa.list_(pa.field("element", pa.int32(), nullable=False)), nullable=False),
+        # null: every value of the row is 1 (the common case); otherwise one value per index
+        pa.field("values", pa.list_(pa.field("element", pa.float32(), nullable=False)), nullable=True),
+    ]
+)
+
+QUARANTINE_SCHEMA = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("line", pa.int64(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("length", pa.int64(), nullable=False),
+        pa.field("raw", pa.binary(), nullable=False),
+        pa.field("truncated", pa.bool_(), nullable=False),
+    ]
+)
+
+DATA_FILE = "data.parquet"
+QUARANTINE_FILE = "quarantine.parquet"
+DISTINCT_BITMAP_MAX_BITS = 26  # 8 MiB bitmap per task; above this distinct features are not counted
+
+
+class MalformedInput(ValueError):
+    """A malformed line with featurize.on_error=fail; the message names file and line."""
+
+    MARKER = "terascale-malformed-input:"
+
+    def __init__(self, source: str, line: int, offset: int, reason: str):
+        self.source, self.line, self.offset, self.reason = source, line, offset, reason
+        super().__init__(
+            f"{self.MARKER} {source}:{line}: malformed line ({reason}) at byte offset {offset}; "
+            "set featurize.on_error=quarantine to quarantine such lines and go on"
+        )
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by the featurize.inject_fail_task chaos drill."""
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    max_line_bytes: int
+    block_bytes: int
+    on_error: str
+    compression: str
+    raw_cap: int = 1 << 20  # a quarantined line keeps at most this many bytes (plus its length)
+    row_group_rows: int = 262144
+    inject_fail: bool = False  # chaos drill: fail after the first row group is written
+
+
+def _arrow_batch(labels, indptr, indices, values, multi) -> pa.RecordBatch:
+    n = labels.shape[0]
+    offsets = pa.array(indptr.astype(np.int32))
+    idx = pa.ListArray.from_arrays(offsets, pa.array(indices), type=OUTPUT_SCHEMA.field("indices").type)
+    if multi.any():
+        lens = np.diff(indptr)
+        vlens = np.where(multi, lens, 0)
+        voff = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(vlens, out=voff[1:])
+        vals = values[np.repeat(multi, lens)]
+        val = pa.ListArray.from_arrays(
+            pa.array(voff), pa.array(vals), type=OUTPUT_SCHEMA.field("values").type, mask=pa.array(~multi)
+        )
+    else:
+        val = pa.nulls(n, type=OUTPUT_SCHEMA.field("values").type)
+    weight = pa.array(np.ones(n, dtype=np.float32))
+    return pa.RecordBatch.from_arrays([pa.array(labels), weight, idx, val], schema=OUTPUT_SCHEMA)
+
+
+class _Quarantine:
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.rows: dict[str, list] = {f.name: [] for f in QUARANTINE_SCHEMA}
+
+    def add(self, source: str, line: int, offset: int, reason: str, length: int, raw: bytes) -> None:
+        r = self.rows
+        r["source"].append(source)
+        r["line"].append(line)
+        r["offset"].append(offset)
+        r["reason"].append(reason)
+        r["length"].append(length)
+        r["raw"].append(raw[: self.cap])
+        r["truncated"].append(length > min(len(raw), self.cap))
+
+    def __len__(self) -> int:
+        return len(self.rows["line"])
+
+    def table(self) -> pa.Table:
+        return pa.table(self.rows, schema=QUARANTINE_SCHEMA)
+
+
+def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: TaskOptions, attempt_dir: str) -> dict:
+    """Featurize ``pieces`` into ``attempt_dir``; return the task's counts and output paths."""
+    t0 = time.perf_counter()
+    fs, inner = fsutil.resolve(attempt_dir)
+    fs.create_dir(inner, recursive=True)
+    data_path = fsutil.join(attempt_dir, DATA_FILE)
+    _, data_inner = fsutil.resolve(data_path)
+    parser = BlockParser(spec, opts.max_line_bytes)
+    quarantine = _Quarantine(opts.raw_cap)
+    bitmap = np.zeros((1 << spec.bits) >> 3 or 1, np.uint8) if spec.bits <= DISTINCT_BITMAP_MAX_BITS else None
+    per_input: dict[str, dict] = {}
+    totals = {"rows": 0, "nnz": 0, "positives": 0.0, "weight_sum": 0.0, "multi_rows": 0}
+    pending: list[pa.RecordBatch] = []
+    pending_rows = 0
+    codec = None if opts.compression == "none" else opts.compression
+    writer = pq.ParquetWriter(
+        data_inner, OUTPUT_SCHEMA, filesystem=fs, compression=codec,
+        use_dictionary=False,  # hashed indices are near-random: dictionaries only cost time
+        write_statistics=["label", "weight"],  # min/max of hashed indices prune nothing
+    )
+
+    def flush() -> None:
+        nonlocal pending, pending_rows
+        if pending:
+            writer.write_table(pa.Table.from_batches(pending), row_group_size=max(pending_rows, 1))
+        pending, pending_rows = [], 0
+
+    def bad_line(src: str, line: int, offset: int, code: int, length: int, raw: bytes, stats: dict) -> None:
+        reason = REASONS[code]
+        if opts.on_error == "fail":
+            raise MalformedInput(src, line, offset, reason)
+        quarantine.add(src, line, offset, reason, length, raw)
+        stats["quarantined"][reason] = stats["quarantined"].get(reason, 0) + 1
+
+    try:
+        for piece in pieces:
+            stats = per_input.setdefault(piece.uri, {"lines": 0, "rows": 0, "quarantined": {}})
+            line_no = piece.first_line
+            for item in iter_blocks(piece, opts.block_bytes, opts.max_line_bytes, opts.raw_cap):
+                if isinstance(item, LongLine):
+                    bad_line(piece.uri, line_no, item.offset, LINE_TOO_LONG, item.length, item.head, stats)
+                    line_no += 1
+                    stats["lines"] += 1
+                    continue
+                pb = parser.parse(item.data)
+                if pb.n_lines and pb.status.any():
+                    for i in np.flatnonzero(pb.status):
+                        s, ln = int(pb.line_start[i]), int(pb.line_len[i])
+                        raw = item.data[s : s + min(ln, opts.raw_cap)].tobytes()
+                        bad_line(piece.uri, line_no + int(i), item.offset + s, int(pb.status[i]), ln, raw, stats)
+                n_rows = pb.labels.shape[0]
+                line_no += pb.n_lines
+                stats["lines"] += pb.n_lines
+                stats["rows"] += n_rows
+                if n_rows == 0:
+                    continue
+                totals["rows"] += n_rows
+                totals["nnz"] += int(pb.indices.shape[0])
+                totals["positives"] += float(pb.labels.sum(dtype=np.float64))
+                totals["weight_sum"] += float(n_rows)
+                totals["multi_rows"] += int(pb.row_multi.sum())
+                if bitmap is not None:
+                    mark_features(pb.indices, bitmap)
+                pending.append(
+                    _arrow_batch(pb.labels.copy(), pb.indptr.copy(), pb.indices.copy(), pb.values.copy(), pb.row_multi.copy())
+                )
+                pending_rows += n_rows
+                if pending_rows >= opts.row_group_rows:
+                    flush()
+                if opts.inject_fail and totals["rows"] > 0:
+                    flush()
+                    raise InjectedFailure(f"featurize.inject_fail_task: task {task_index} fails on purpose")
+        flush()
+    finally:
+        writer.close()
+    q_path = None
+    if len(quarantine):
+        q_path = fsutil.join(attempt_dir, QUARANTINE_FILE)
+        _, q_inner = fsutil.resolve(q_path)
+        pq.write_table(quarantine.table(), q_inner, filesystem=fs)
+    return {
+        "task": task_index,
+        "data_path": data_path,
+        "quarantine_path": q_path,
+        "bytes": int(fs.get_file_info(data_inner).size),
+        "inputs": per_input,
+        "bitmap": None if bitmap is None else bitmap.tobytes(),
+        "seconds": time.perf_counter() - t0,
+        **totals,
+    }

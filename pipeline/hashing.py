@@ -1,0 +1,82 @@
+"""murmur3_32 (x86 variant) as a numba kernel, bit-compatible with ``mmh3.hash(..., signed=False)``.
+
+The kernel hashes a byte range of a uint8 array, so tokens never become Python strings on the
+hot path. ``hash_tokens`` is the bulk entry point used by tests and small callers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# All arithmetic is int64 on values below 2^32: a product of two such values may wrap in int64,
+# but its low 32 bits (kept by the mask) are exact, and right shifts only see masked values.
+
+
+@njit(cache=True, inline="always")
+def _rotl32(x, r):
+    return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+
+@njit(cache=True, inline="always")
+def _fmix32(h):
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    h ^= h >> 16
+    return h
+
+
+@njit(cache=True, inline="always")
+def murmur3_32(buf, start, n, seed):
+    """murmur3_32 of buf[start:start+n] (uint8 array), seed < 2^32; returns an int64 < 2^32."""
+    h = np.int64(seed) & 0xFFFFFFFF
+    p = np.int64(start)
+    for _ in range(n // 4):
+        k = (
+            np.int64(buf[p])
+            | (np.int64(buf[p + 1]) << 8)
+            | (np.int64(buf[p + 2]) << 16)
+            | (np.int64(buf[p + 3]) << 24)
+        )
+        k = (k * 0xCC9E2D51) & 0xFFFFFFFF
+        k = _rotl32(k, 15)
+        k = (k * 0x1B873593) & 0xFFFFFFFF
+        h ^= k
+        h = _rotl32(h, 13)
+        h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
+        p += 4
+    tail = n & 3
+    k = np.int64(0)
+    if tail == 3:
+        k ^= np.int64(buf[p + 2]) << 16
+    if tail >= 2:
+        k ^= np.int64(buf[p + 1]) << 8
+    if tail >= 1:
+        k ^= np.int64(buf[p])
+        k = (k * 0xCC9E2D51) & 0xFFFFFFFF
+        k = _rotl32(k, 15)
+        k = (k * 0x1B873593) & 0xFFFFFFFF
+        h ^= k
+    h ^= np.int64(n)
+    return _fmix32(h)
+
+
+@njit(cache=True)
+def _hash_many(data, offsets, seed, out):
+    for i in range(offsets.shape[0] - 1):
+        out[i] = murmur3_32(data, offsets[i], offsets[i + 1] - offsets[i], seed)
+
+
+def hash_tokens(tokens: list[str] | list[bytes], seed: int = 0) -> np.ndarray:
+    """Unsigned murmur3_32 of each token (str is UTF-8 encoded), as uint32."""
+    encoded = [t.encode("utf-8") if isinstance(t, str) else bytes(t) for t in tokens]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    data = np.frombuffer(b"".join(encoded), dtype=np.uint8) if encoded else np.zeros(0, np.uint8)
+    if data.size == 0:
+        data = np.zeros(1, np.uint8)
+    out = np.zeros(len(encoded), dtype=np.int64)
+    _hash_many(data, offsets, int(seed), out)
+    return out.astype(np.uint32)

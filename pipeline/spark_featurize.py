@@ -1,0 +1,175 @@
+"""The featurize job on Spark: the only module of ``pipeline`` that imports pyspark.
+
+Spark schedules the tasks, retries them and runs speculative copies; it never carries the data.
+Each task reads its byte ranges itself (pyarrow filesystems), parses and hashes them in a
+compiled kernel, and writes one Parquet file into a directory private to its attempt. The driver
+then commits: it removes the old manifest, moves the accepted attempts' files into place, writes
+the new manifest (the commit marker) atomically and removes the staging area. A failed run
+leaves no manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from dataclasses import asdict, replace
+
+import numpy as np
+
+from pipeline import fsutil
+from pipeline.blocks import Piece, align_range
+from pipeline.featurize_task import MalformedInput, TaskOptions, run_task
+from pipeline.manifest import MANIFEST, QUARANTINE_DIR, build_manifest, merge_inputs, popcount
+from pipeline.plan import assign, output_files, plan_ranges
+from pipeline.spec import FeatureSpec
+
+log = logging.getLogger("terascale.featurize")
+TEMP_DIR = "_temporary"
+
+
+class FeaturizeError(RuntimeError):
+    """The featurize job failed; the message says where."""
+
+
+def _attempt_tag() -> str:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return uuid.uuid4().hex[:12]
+    return f"a{ctx.attemptNumber()}-t{ctx.taskAttemptId()}"  # taskAttemptId is unique per SparkContext
+
+
+def _pieces(sc, ranges, files) -> dict:
+    """Align the cut ranges to line starts (on the executors) and give each piece its first line."""
+    sizes = {f.uri: f.size for f in files}
+    cut = [r for r in ranges if r.cuts > 1]
+    aligned = {}
+    if cut:
+        sc.setJobDescription(f"terascale featurize: align {len(cut)} byte ranges")
+        args = [(r.uri, r.start, r.end, sizes[r.uri]) for r in cut]
+        out = sc.parallelize(args, len(args)).map(lambda a: align_range(*a)).collect()
+        aligned = {(r.uri, r.cut_index): a for r, a in zip(cut, out)}
+    pieces = {}
+    line_base: dict[str, int] = {}
+    for r in sorted(ranges, key=lambda r: (r.uri, r.cut_index)):
+        if r.cuts == 1:
+            pieces[(r.uri, r.cut_index)] = Piece(r.uri, 0, -1 if r.gzip else r.end, 1, r.gzip)
+            continue
+        a, b, newlines = aligned[(r.uri, r.cut_index)]
+        first = line_base.get(r.uri, 1)
+        line_base[r.uri] = first + newlines
+        pieces[(r.uri, r.cut_index)] = Piece(r.uri, a, b, first, False)
+    return pieces
+
+
+def _malformed_message(err: BaseException) -> str | None:
+    text = str(err)
+    i = text.find(MalformedInput.MARKER)
+    if i < 0:
+        return None
+    line = text[i + len(MalformedInput.MARKER):].split("\n", 1)[0].strip()
+    return line
+
+
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Failure|Interrupt)): ?(.*)$")
+
+
+def task_error_summary(err: BaseException) -> str:
+    """The last Python error line of a task failure that Spark wrapped in a long JVM message."""
+    text = str(err)
+    found = [m.group(0) for m in map(_ERROR_LINE.match, (x.strip() for x in text.splitlines())) if m]
+    found = [f for f in found if not f.startswith(("org.apache.spark", "py4j", "java."))]
+    return found[-1] if found else (text.splitlines()[0] if text else type(err).__name__)
+
+
+def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fconf) -> dict:
+    """Featurize ``inputs`` into ``output``; return the manifest. Raises FeaturizeError."""
+    t0 = time.perf_counter()
+    sc = spark.sparkContext
+    files = fsutil.expand_inputs(inputs)
+    out = fsutil.normalize(output)
+    n_tasks = output_files(files, spec.format, fconf.partitions, fconf.target_file_mb, sc.defaultParallelism)
+    ranges = plan_ranges(files, n_tasks)
+    log.info("featurize: %d input files, %d bytes, %d ranges -> %d tasks", len(files),
+             sum(f.size for f in files), len(ranges), n_tasks)
+    pieces = _pieces(sc, ranges, files)
+    plan = [[pieces[(r.uri, r.cut_index)] for r in task] for task in assign(ranges, n_tasks)]
+    plan = [[p for p in task if p.gzip or p.end > p.start] for task in plan]  # drop empty aligned pieces
+    opts = TaskOptions(
+        max_line_bytes=fconf.max_line_bytes, block_bytes=fconf.block_mb << 20,
+        on_error=fconf.on_error, compression=fconf.compression,
+    )
+    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    staging = fsutil.join(out, TEMP_DIR, run_id)
+    payload = [(i, [p.to_json() for p in task]) for i, task in enumerate(plan)]
+
+    fail_task = fconf.inject_fail_task
+
+    def task_fn(_, items):
+        for i, pieces_json in items:
+            tag = _attempt_tag()
+            attempt_dir = fsutil.join(staging, f"task-{i:05d}-{tag}")
+            o = replace(opts, inject_fail=(i == fail_task and tag.startswith("a0-")))
+            yield run_task(i, [Piece.from_json(p) for p in pieces_json], spec, o, attempt_dir)
+
+    sc.setJobDescription(f"terascale featurize: {len(files)} files -> {out}")
+    try:
+        results = sc.parallelize(payload, len(payload)).mapPartitionsWithIndex(task_fn).collect()
+    except Exception as e:  # noqa: BLE001 - Spark wraps task errors in Py4J/Spark exceptions
+        fsutil.delete(staging)
+        msg = _malformed_message(e)
+        if msg is not None:
+            raise FeaturizeError(msg) from None
+        raise FeaturizeError(f"featurize failed: {task_error_summary(e)}") from e
+    finally:
+        sc.setJobDescription(None)
+    manifest = _commit(out, staging, spec, [f.uri for f in files], results, time.perf_counter() - t0, asdict(opts))
+    return manifest
+
+
+def _commit(out: str, staging: str, spec: FeatureSpec, inputs: list[str], results: list[dict],
+            seconds: float, options: dict) -> dict:
+    manifest_path = fsutil.join(out, MANIFEST)
+    fsutil.delete(manifest_path)  # the dataset is uncommitted from here until the new manifest lands
+    for old in fsutil.list_files(out):
+        name = old.rsplit("/", 1)[-1]
+        if name.startswith("part-") and name.endswith(".parquet"):
+            fsutil.delete(old)
+    fsutil.delete(fsutil.join(out, QUARANTINE_DIR))
+    files, qfiles = [], []
+    results = sorted(results, key=lambda r: r["task"])
+    for r in results:
+        name = f"part-{r['task']:05d}.parquet"
+        if r["rows"] > 0:
+            fsutil.move(r["data_path"], fsutil.join(out, name))
+            files.append({
+                "path": name, "rows": r["rows"], "nnz": r["nnz"], "bytes": r["bytes"],
+                "positives": r["positives"], "weight_sum": r["weight_sum"], "rows_with_values": r["multi_rows"],
+            })
+        if r["quarantine_path"]:
+            fsutil.makedirs(fsutil.join(out, QUARANTINE_DIR))
+            fsutil.move(r["quarantine_path"], fsutil.join(out, QUARANTINE_DIR, name))
+            qfiles.append(f"{QUARANTINE_DIR}/{name}")
+    bitmaps = [np.frombuffer(r["bitmap"], np.uint8) for r in results if r["bitmap"] is not None]
+    distinct = popcount(np.bitwise_or.reduce(bitmaps)) if bitmaps and len(bitmaps) == len(results) else None
+    manifest = build_manifest(spec, inputs, files, qfiles, merge_inputs(results, inputs), distinct, seconds, options)
+    fsutil.write_json_atomic(manifest_path, manifest)
+    fsutil.delete(staging)
+    temp_root = fsutil.join(out, TEMP_DIR)
+    if not fsutil.list_files(temp_root) and not _has_subdirs(temp_root):
+        fsutil.delete(temp_root)
+    log.info("featurize: committed %d files, %d rows, %d quarantined -> %s", len(files), manifest["rows"],
+             manifest["quarantine"]["rows"], out)
+    return manifest
+
+
+def _has_subdirs(path: str) -> bool:
+    import pyarrow.fs as pafs
+
+    fs, inner = fsutil.resolve(path)
+    if fs.get_file_info(inner).type != pafs.FileType.Directory:
+        return False
+    return any(i.type == pafs.FileType.Directory for i in fs.get_file_info(pafs.FileSelector(inner)))

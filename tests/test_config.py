@@ -1,0 +1,96 @@
+"""The configuration schema: defaults file in sync, overrides, and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jobs.config import Config, ConfigError, all_keys, load_config, render_yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_yaml_is_rendered_from_the_schema():
+    assert (ROOT / "conf" / "defaults.yaml").read_text() == render_yaml(), (
+        "conf/defaults.yaml is out of date: run `terascale config --defaults > conf/defaults.yaml`"
+    )
+
+
+def test_defaults_yaml_loads_back_to_the_defaults():
+    assert load_config([ROOT / "conf" / "defaults.yaml"]) == Config()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "conf").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_conf_file_is_valid(path):
+    load_config([path])
+
+
+def test_precedence_defaults_then_files_then_sets(tmp_path):
+    a = tmp_path / "a.yaml"
+    a.write_text("featurize:\n  bits: 20\n  seed: 5\n")
+    b = tmp_path / "b.yaml"
+    b.write_text("featurize:\n  bits: 21\n")
+    cfg = load_config([a, b], ["featurize.seed=9"])
+    assert (cfg.featurize.bits, cfg.featurize.seed, cfg.featurize.format) == (21, 9, "criteo")
+
+
+def test_set_parses_by_type():
+    cfg = load_config([], [
+        "featurize.conjunctions=[[C1, C2], [I3, C4]]",
+        "allreduce.io_timeout_s=1e-1",
+        "spark.master=local[2]",
+        "spark.conf={spark.executor.memory: 2g}",
+        "train.inject.slow_factor=5",
+    ])
+    assert cfg.featurize.conjunctions == (("C1", "C2"), ("I3", "C4"))
+    assert cfg.allreduce.io_timeout_s == 0.1
+    assert cfg.spark.master == "local[2]"
+    assert dict(cfg.spark.conf) == {"spark.executor.memory": "2g"}
+    assert cfg.train.inject.slow_factor == 5.0
+
+
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (["featurize.bit=3"], "unknown configuration key 'featurize.bit' (did you mean 'featurize.bits'?)"),
+        (["featurize.bits=40"], "featurize.bits = 40: must be an integer in [1, 31]"),
+        (["featurize.bits=abc"], "featurize.bits = 'abc': must be an integer"),
+        (["featurize.format=csv"], "featurize.format = 'csv': must be one of 'criteo', 'libsvm'"),
+        (["featurize.conjunctions=[[C1, X9]]"], "field 'X9' is not in featurize.fields"),
+        (["featurize.conjunctions=[C1]"], "featurize.conjunctions[0] = 'C1': must be a pair of field names"),
+        (["featurize.fields=[I1, I1]"], "featurize.fields = ('I1', 'I1'): must be distinct names"),
+        (["allreduce.io_timeout_s=0"], "allreduce.io_timeout_s = 0.0: must be a finite number in (0, 86400]"),
+        (["train.inject.fail_mode=boom"], "train.inject.fail_mode = 'boom': must be one of 'raise', 'kill'"),
+        (["train.inject.slow_shard=5"], "train.inject.slow_shard = 5: must be -1 or a shard in [0, 1]"),
+        (["featurize"], "must look like section.key=value"),
+        (["featurize=3"], "'featurize' is a section"),
+    ],
+)
+def test_errors_name_key_value_and_what_is_allowed(sets, message):
+    with pytest.raises(ConfigError) as e:
+        load_config([], sets)
+    assert message in str(e.value)
+
+
+def test_file_errors_name_the_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("featurize:\n  bitz: 3\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: unknown configuration key 'featurize.bitz' \(did you mean 'featurize.bits'\?\)"):
+        load_config([bad])
+    bad.write_text("featurize: [1, 2]\n")
+    with pytest.raises(ConfigError, match="'featurize' is a section and must be a mapping"):
+        load_config([bad])
+    bad.write_text("featurize:\n  bits: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config([bad])
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config([tmp_path / "missing.yaml"])
+
+
+def test_every_parameter_has_help_text():
+    from jobs.config import iter_params
+
+    for key, f in iter_params():
+        assert f.metadata.get("help"), key
+    assert "featurize.bits" in all_keys() and "train.inject.fail_mode" in all_keys()
