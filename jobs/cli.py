@@ -24,11 +24,15 @@ class UsageError(ValueError):
 
 
 def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    """terascale's own logger and handler: spark-submit's Python may have configured the root."""
+    root = logging.getLogger("terascale")
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    if not any(getattr(h, "_terascale", False) for h in root.handlers):
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        h._terascale = True  # type: ignore[attr-defined]
+        root.addHandler(h)
+    root.propagate = False
 
 
 def _add_conf_args(p: argparse.ArgumentParser) -> None:

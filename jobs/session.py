@@ -34,6 +34,8 @@ def get_spark(sconf):
             extra.setdefault("spark.driver.host", "127.0.0.1")
             extra.setdefault("spark.driver.bindAddress", "127.0.0.1")
             extra.setdefault("spark.ui.enabled", "false")
+        if not sys.stderr.isatty():
+            extra.setdefault("spark.ui.showConsoleProgress", "false")  # no progress bars in logs
         extra.setdefault("spark.sql.execution.arrow.pyspark.enabled", "true")
         for k, v in extra.items():
             b = b.config(k, v)

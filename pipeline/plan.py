@@ -17,6 +17,7 @@ from pipeline.fsutil import InputFile
 GZIP_EXPANSION = 4.0  # estimated decompressed / compressed size of click logs
 OUTPUT_RATIO = {"criteo": 0.65, "libsvm": 0.8}  # estimated Parquet bytes / text bytes
 MIN_TASK_BYTES = 8 << 20  # below this, more tasks only add overhead
+CUT_SLACK = 1.25  # a file up to this many shares long is not cut (cutting costs an extra pass)
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,10 @@ def plan_ranges(files: list[InputFile], n_tasks: int) -> list[Range]:
     share = max(1, math.ceil(total / max(1, n_tasks)))
     out: list[Range] = []
     for f in files:
-        if f.gzip or f.size <= share:
+        if f.gzip or f.size <= share * CUT_SLACK:
             out.append(Range(f.uri, 0, f.size, f.gzip, 0, 1))
             continue
-        k = math.ceil(f.size / share)
+        k = round(f.size / share)
         bounds = [f.size * i // k for i in range(k + 1)]
         out.extend(Range(f.uri, bounds[i], bounds[i + 1], False, i, k) for i in range(k))
     return out

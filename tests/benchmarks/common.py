@@ -1,0 +1,80 @@
+"""Shared benchmark helpers: a results folder, JSON output, peak-memory sampling, shared data."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+# Spark's Python workers must run this interpreter (the one with the project installed)
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(os.environ.get("TERASCALE_BENCH_RESULTS", ROOT / "bench-results"))
+
+
+def write_result(name: str, figures: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(figures, indent=2, default=float) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of a process and all its descendants (Linux /proc)."""
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            continue
+        stack.extend(_children(p))
+    return total
+
+
+class PeakMemory:
+    """Samples the RSS of this process tree (driver, JVM, Python workers) every 50 ms."""
+
+    def __init__(self, interval: float = 0.05):
+        self.interval, self.peak, self._stop = interval, 0, threading.Event()
+        self.base = tree_rss(os.getpid())
+
+    def __enter__(self):
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, tree_rss(os.getpid()))
+            time.sleep(self.interval)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+
+def generated_logs(rows: int, files: int, seed: int) -> Path:
+    """Generated click logs shared by benchmarks (made once, kept under bench-results/data)."""
+    from pipeline.generate import generate_clicklogs
+
+    d = RESULTS / "data" / f"criteo-{rows}-{files}-{seed}"
+    if not (d / "_truth.json").exists():
+        generate_clicklogs(d, rows, files=files, seed=seed, with_prob=True)
+    return d
