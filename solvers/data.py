@@ -1,0 +1,66 @@
+"""The in-memory training data every solver takes: one shard as a CSR matrix plus labels.
+
+Built by ``pipeline.dataset`` straight from Parquet (an Arrow ``list<int32>`` column's offsets
+and values are the CSR ``indptr`` and ``indices``), or by tests from scipy matrices. Kernels take
+the arrays, never this object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class CSRData:
+    indptr: np.ndarray  # int64 (n_rows + 1,)
+    indices: np.ndarray  # int32 (nnz,), sorted and unique within a row
+    values: np.ndarray  # float32 (nnz,); all ones for binary hashed features
+    labels: np.ndarray  # float32 (n_rows,), 0 or 1 (for squared loss: any real target)
+    weights: np.ndarray  # float32 (n_rows,), importance weights > 0
+    n_features: int  # 2^bits
+
+    def __post_init__(self) -> None:
+        n = self.labels.shape[0]
+        if self.indptr.shape != (n + 1,) or self.weights.shape != (n,):
+            raise ValueError(f"inconsistent CSR shapes: indptr {self.indptr.shape}, labels {n}, weights {self.weights.shape}")
+        if self.indices.shape != self.values.shape or int(self.indptr[-1]) != self.indices.shape[0]:
+            raise ValueError(f"inconsistent CSR: indptr[-1]={int(self.indptr[-1])}, indices {self.indices.shape}, values {self.values.shape}")
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indices.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.indptr, self.indices, self.values, self.labels, self.weights))
+
+    @classmethod
+    def from_scipy(cls, x, labels, weights=None, n_features: int | None = None) -> CSRData:
+        """From a scipy.sparse matrix (tests, reference data)."""
+        x = x.tocsr()
+        x.sort_indices()
+        n = x.shape[0]
+        return cls(
+            indptr=x.indptr.astype(np.int64),
+            indices=x.indices.astype(np.int32),
+            values=x.data.astype(np.float32),
+            labels=np.asarray(labels, dtype=np.float32),
+            weights=np.ones(n, np.float32) if weights is None else np.asarray(weights, dtype=np.float32),
+            n_features=int(n_features if n_features is not None else x.shape[1]),
+        )
+
+    def to_scipy(self):
+        import scipy.sparse as sp
+
+        return sp.csr_matrix((self.values, self.indices, self.indptr), shape=(self.n_rows, self.n_features))
+
+    @classmethod
+    def empty(cls, n_features: int) -> CSRData:
+        return cls(np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float32),
+                   np.zeros(0, np.float32), np.zeros(0, np.float32), n_features)
