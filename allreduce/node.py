@@ -1,0 +1,476 @@
+"""A node of the spanning tree: joins the tree, then runs pipelined collectives over it.
+
+AllReduce (sum) runs in chunks of ``chunk_bytes``. For each chunk, a node receives each
+child's partial sum (children in fixed order: ``2r+1`` then ``2r+2``), adds it to its own
+chunk and sends the result to its parent; the root's sum then flows down the tree chunk by
+chunk. Reduce and broadcast are pipelined: a helper thread carries the downward flow, so the
+reduction of chunk ``i+1`` overlaps the transfer of chunk ``i`` down the tree. The sum order is
+fixed by the tree (see :mod:`allreduce.topology`), and every rank ends with the root's bytes,
+so the result is bit-identical everywhere.
+
+Every frame is HMAC'd, every blocking call is bounded by ``io_timeout_s``; a dead peer surfaces
+as PeerLost and a stalled one as PeerTimeout, naming its rank. On any failure the node sends
+ABORT to its neighbours (who pass it on), so the whole tree stops promptly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import protocol as proto
+from .channel import Acceptor, Channel, client_handshake, connect, open_listener
+from .client import ServerSession
+from .communicator import CallStats, Communicator, wire_array
+from .errors import AllreduceError, PeerAborted, PeerTimeout, ProtocolError
+from .protocol import MsgType
+from .topology import Placement, path_to_root
+
+log = logging.getLogger(__name__)
+
+_UP = {4: MsgType.UP_F32, 8: MsgType.UP_F64}
+_DOWN = {4: MsgType.DOWN_F32, 8: MsgType.DOWN_F64}
+
+
+def _bytes(a: np.ndarray) -> memoryview:
+    return memoryview(a).cast("B")
+
+
+class TreeNode(Communicator):
+    """One rank of the spanning tree, implementing :class:`Communicator` over sockets.
+
+    Build it with :meth:`join`. Collectives must be called from one thread at a time, in the
+    same order on every rank. Use it as a context manager: leaving the block with an exception
+    tells the neighbours to abort.
+    """
+
+    def __init__(
+        self,
+        placement: Placement,
+        parent: Channel | None,
+        children: Sequence[Channel],
+        *,
+        chunk_bytes: int = 1 << 20,
+        io_timeout_s: float = 120.0,
+    ) -> None:
+        if chunk_bytes < 8:
+            raise ValueError(f"chunk_bytes must be at least 8, got {chunk_bytes}")
+        self._placement = placement
+        self._parent = parent
+        self._children = list(children)
+        self._chunk_bytes = int(chunk_bytes)
+        self._io_timeout_s = io_timeout_s
+        self._stats = CallStats()
+        self._scratch: dict[np.dtype, list[np.ndarray]] = {}
+        self._busy = threading.Lock()
+        self._broken: BaseException | None = None
+        self._closed = False
+
+    # -- joining ---------------------------------------------------------------------------
+
+    @classmethod
+    def join(
+        cls,
+        server_address: tuple[str, int],
+        key: bytes,
+        *,
+        shard: int,
+        attempt_id: str | int,
+        host: str = "127.0.0.1",
+        chunk_bytes: int = 1 << 20,
+        connect_timeout_s: float = 30.0,
+        handshake_timeout_s: float = 10.0,
+        io_timeout_s: float = 120.0,
+        startup_timeout_s: float = 600.0,
+        max_frame_bytes: int = proto.DEFAULT_MAX_FRAME_BYTES,
+        socket_buffer_bytes: int | None = None,
+        session: ServerSession | None = None,
+    ) -> TreeNode:
+        """Listen on ``host`` (ephemeral port), register shard ``shard``, link up with the tree.
+
+        ``session`` is an already connected :class:`ServerSession` (used for progress
+        heartbeats during pass 1); it is closed once the topology arrives. Raises StandDown if
+        another attempt of the shard won, StartupTimeout / RoundAborted if the round failed,
+        PeerLost / PeerTimeout if a neighbour could not be reached.
+        """
+        key = proto.check_key(key)
+        if session is not None and (session.shard, session.attempt_id) != (shard, str(attempt_id)):
+            raise ValueError(
+                f"the session belongs to shard {session.shard} attempt {session.attempt_id!r}, "
+                f"not shard {shard} attempt {str(attempt_id)!r}"
+            )
+        if chunk_bytes > max_frame_bytes:
+            raise ValueError(
+                f"chunk_bytes ({chunk_bytes}) exceeds max_frame_bytes ({max_frame_bytes})"
+            )
+        listener = open_listener(host, backlog=16, buffer_bytes=socket_buffer_bytes)
+        try:
+            if session is None:
+                session = ServerSession.connect(
+                    server_address,
+                    key,
+                    shard=shard,
+                    attempt_id=attempt_id,
+                    connect_timeout_s=connect_timeout_s,
+                    handshake_timeout_s=handshake_timeout_s,
+                    io_timeout_s=io_timeout_s,
+                    max_frame_bytes=max_frame_bytes,
+                )
+            with session:
+                placement = session.register(
+                    host, listener.getsockname()[1], timeout_s=startup_timeout_s
+                )
+            parent, children = _link(
+                placement,
+                listener,
+                key,
+                attempt_id=str(attempt_id),
+                connect_timeout_s=connect_timeout_s,
+                handshake_timeout_s=handshake_timeout_s,
+                io_timeout_s=io_timeout_s,
+                max_frame_bytes=max_frame_bytes,
+                buffer_bytes=socket_buffer_bytes,
+            )
+        finally:
+            listener.close()
+        log.info(
+            "rank %d of %d linked (parent %s, children %s)",
+            placement.rank,
+            placement.size,
+            placement.parent.rank if placement.parent else None,
+            [c.rank for c in placement.children],
+        )
+        return cls(placement, parent, children, chunk_bytes=chunk_bytes, io_timeout_s=io_timeout_s)
+
+    # -- Communicator ----------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self._placement.rank
+
+    @property
+    def size(self) -> int:
+        return self._placement.size
+
+    @property
+    def placement(self) -> Placement:
+        return self._placement
+
+    def allreduce(self, arr: Any) -> np.ndarray:
+        a = wire_array(arr)
+        return self._collective("allreduce", a, sources=self._children, own=True).reshape(a.shape)
+
+    def broadcast(self, arr: Any, root: int = 0) -> np.ndarray:
+        if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:
+            raise ValueError(f"broadcast root {root!r} is not a rank in 0..{self.size - 1}")
+        a = wire_array(arr)
+        path = path_to_root(root)
+        if self.rank == root:
+            sources: list[Channel] = []
+        elif self.rank in path:  # forward from the child on the path towards ``root``
+            below = path[path.index(self.rank) - 1]
+            sources = [c for c in self._children if c.rank == below]
+        else:
+            sources = []
+        own = self.rank == root
+        up = self.rank in path
+        return self._collective("broadcast", a, sources=sources, own=own, up=up).reshape(a.shape)
+
+    def allreduce_scalars(self, values: Sequence[float]) -> list[float]:
+        a = np.asarray(values, dtype="<f8").reshape(-1)
+        return self._collective("allreduce_scalars", a, sources=self._children, own=True).tolist()
+
+    def stats(self) -> dict[str, Any]:
+        return self._stats.snapshot()
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Close every link; with ``error`` (and no abort sent yet) send ABORT first."""
+        if self._closed:
+            return
+        self._closed = True
+        if error is not None and self._broken is None:
+            self._abort_links(error)
+        for chan in self._links():
+            chan.close()
+
+    # -- the pipelined collective ----------------------------------------------------------
+
+    def _links(self) -> list[Channel]:
+        return ([self._parent] if self._parent is not None else []) + self._children
+
+    def _buffers(self, dtype: np.dtype, per: int, count: int) -> list[np.ndarray]:
+        bufs = self._scratch.get(dtype)
+        if bufs is None or len(bufs) < count or bufs[0].size < per:
+            bufs = [np.empty(per, dtype=dtype) for _ in range(count)]
+            self._scratch[dtype] = bufs
+        return bufs
+
+    def _collective(
+        self,
+        op: str,
+        src: np.ndarray,
+        *,
+        sources: Sequence[Channel],
+        own: bool,
+        up: bool = True,
+    ) -> np.ndarray:
+        """Run one collective.
+
+        ``sources`` are the children whose chunks flow up into this node (in order); ``own``
+        says whether this node's ``src`` is part of the sum; ``up`` whether this node takes
+        part in the upward flow at all (every node always takes part in the downward flow).
+        """
+        if self._closed:
+            raise AllreduceError(f"rank {self.rank}: the tree node is closed")
+        if self._broken is not None:
+            raise AllreduceError(
+                f"rank {self.rank}: the tree node is unusable after an earlier failure: "
+                f"{self._broken}"
+            ) from self._broken
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError("TreeNode collectives must be called from one thread at a time")
+        try:
+            return self._run(op, src.reshape(-1), sources, own, up)
+        finally:
+            self._busy.release()
+
+    def _run(
+        self, op: str, flat: np.ndarray, sources: Sequence[Channel], own: bool, up: bool
+    ) -> np.ndarray:
+        t0 = time.perf_counter()
+        n, item = flat.size, flat.dtype.itemsize
+        per = max(1, self._chunk_bytes // item)
+        bounds = [(lo, min(lo + per, n)) for lo in range(0, n, per)] or [(0, 0)]
+        nchunks = len(bounds)
+        out = np.empty_like(flat)
+        root = self._parent is None
+        parent, children = self._parent, self._children
+        up_type, down_type = _UP[item], _DOWN[item]
+        n_scratch = len(sources) if own else 0
+        scratch = (
+            self._buffers(flat.dtype, min(per, max(n, 1)), n_scratch + 1)
+            if n_scratch or not root
+            else []
+        )
+        first_ready = [0.0]
+
+        def up_chunk(i: int) -> None:
+            lo, hi = bounds[i]
+            m = hi - lo
+            target = out[lo:hi] if root else scratch[-1][:m]
+            if not sources:
+                if root:
+                    np.copyto(target, flat[lo:hi])
+                else:
+                    target = flat[lo:hi]  # a leaf sends its own chunk as is
+            elif not own:
+                sources[0].recv_data_into(up_type, _bytes(target))
+            else:
+                for j, chan in enumerate(sources):
+                    chan.recv_data_into(up_type, _bytes(scratch[j][:m]))
+                np.add(flat[lo:hi], scratch[0][:m], out=target)
+                for j in range(1, len(sources)):
+                    np.add(target, scratch[j][:m], out=target)
+            if root:
+                if i == 0:
+                    first_ready[0] = time.perf_counter()
+            else:
+                parent.send(up_type, _bytes(target))  # type: ignore[union-attr]
+
+        def down_chunk(i: int) -> None:
+            lo, hi = bounds[i]
+            view = _bytes(out[lo:hi])
+            if not root:
+                parent.recv_data_into(down_type, view)  # type: ignore[union-attr]
+                if i == 0:
+                    first_ready[0] = time.perf_counter()
+            for chan in children:
+                chan.send(down_type, view)
+
+        failure: list[BaseException] = []
+        fail_lock = threading.Lock()
+
+        def fail(exc: BaseException) -> None:
+            with fail_lock:
+                first = not failure
+                failure.append(exc)
+            if first:
+                self._broken = exc
+                self._abort_links(exc)
+
+        has_up = up or root
+        has_down = self.size > 1
+        if has_up and has_down and nchunks > 1:
+            ready = threading.Semaphore(0)
+
+            def downward() -> None:
+                try:
+                    for i in range(nchunks):
+                        # The reduce loop releases once per chunk, and nchunks times on failure.
+                        while root and not ready.acquire(timeout=self._io_timeout_s):
+                            if failure:
+                                return
+                        if failure:
+                            return
+                        down_chunk(i)
+                except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+                    fail(exc)
+
+            helper = threading.Thread(
+                target=downward, name=f"rank{self.rank}-{op}-down", daemon=True
+            )
+            helper.start()
+            try:
+                for i in range(nchunks):
+                    up_chunk(i)
+                    if root:
+                        ready.release()
+            except BaseException as exc:  # noqa: BLE001
+                fail(exc)
+            finally:
+                if failure and root:
+                    ready.release(nchunks)
+                # Terminates: each blocking call in it is bounded by io_timeout_s, and a failure
+                # shuts the links down, which wakes it at once.
+                helper.join()
+        else:
+            try:
+                if has_up:
+                    for i in range(nchunks):
+                        up_chunk(i)
+                if has_down:
+                    for i in range(nchunks):
+                        down_chunk(i)
+            except BaseException as exc:  # noqa: BLE001
+                fail(exc)
+        if failure:
+            raise failure[0]
+        t1 = time.perf_counter()
+        if not has_down:
+            first_ready[0] = t0
+        self._stats.record(op, flat, nchunks, t1 - t0, first_ready[0] - t0)
+        return out
+
+    def _abort_links(self, exc: BaseException) -> None:
+        """Tell every neighbour the collective is over (best effort), then break the links."""
+        if isinstance(exc, PeerAborted):
+            origin, reason = exc.rank, exc.detail
+        else:
+            origin, reason = self.rank, f"rank {self.rank}: {type(exc).__name__}: {exc}"
+        for chan in self._links():
+            chan.try_send_abort(origin, reason)
+        for chan in self._links():
+            chan.shutdown()
+
+
+def _link(
+    placement: Placement,
+    listener: Any,
+    key: bytes,
+    *,
+    attempt_id: str,
+    connect_timeout_s: float,
+    handshake_timeout_s: float,
+    io_timeout_s: float,
+    max_frame_bytes: int,
+    buffer_bytes: int | None,
+) -> tuple[Channel | None, list[Channel]]:
+    """Connect to the parent and accept the children, each link authenticated."""
+    me = placement.rank
+    expected = {c.rank for c in placement.children}
+    cond = threading.Condition()
+    reserved: set[int] = set()
+    linked: dict[int, Channel] = {}
+
+    def accept(hello: dict[str, Any]) -> tuple[int | None, str | None, dict[str, Any]]:
+        r = hello.get("rank")
+        with cond:
+            if r not in expected or r in reserved:
+                raise ProtocolError(
+                    f"rank {me} expects children {sorted(expected)}, got a HELLO from rank {r!r}"
+                )
+            reserved.add(r)
+        return r, None, {"rank": me}
+
+    def on_channel(chan: Channel, hello: dict[str, Any]) -> None:
+        with cond:
+            linked[chan.rank] = chan  # type: ignore[index]
+            cond.notify_all()
+
+    acceptor = None
+    if expected:
+        acceptor = Acceptor(
+            listener,
+            key,
+            name=f"rank {me}",
+            role="parent",
+            expect_role="child",
+            accept=accept,
+            on_channel=on_channel,
+            handshake_timeout_s=handshake_timeout_s,
+            io_timeout_s=io_timeout_s,
+            max_frame_bytes=max_frame_bytes,
+            buffer_bytes=buffer_bytes,
+        ).start()
+    parent_chan: Channel | None = None
+    try:
+        if placement.parent is not None:
+            p = placement.parent
+            sock = connect(
+                (p.host, p.port),
+                rank=p.rank,
+                peer=None,
+                timeout_s=connect_timeout_s,
+                buffer_bytes=buffer_bytes,
+            )
+            try:
+                parent_chan, reply = client_handshake(
+                    sock,
+                    key,
+                    role="child",
+                    expect_role="parent",
+                    info={"rank": me, "attempt_id": attempt_id},
+                    rank=p.rank,
+                    peer=None,
+                    handshake_timeout_s=handshake_timeout_s,
+                    io_timeout_s=io_timeout_s,
+                    max_frame_bytes=max_frame_bytes,
+                )
+            except BaseException:
+                sock.close()
+                raise
+            if reply.get("rank") != p.rank:
+                parent_chan.close()
+                raise ProtocolError(
+                    f"rank {me} reached rank {reply.get('rank')!r} instead of its parent {p.rank}"
+                )
+        deadline = time.monotonic() + connect_timeout_s + handshake_timeout_s
+        with cond:
+            ok = cond.wait_for(
+                lambda: len(linked) == len(expected), max(deadline - time.monotonic(), 0)
+            )
+            missing = sorted(expected - set(linked))
+        if not ok:
+            raise PeerTimeout(
+                missing[0],
+                f"child rank(s) {missing} of rank {me} did not connect within "
+                f"{connect_timeout_s + handshake_timeout_s:g} s",
+            )
+    except BaseException:
+        if acceptor is not None:
+            acceptor.close()  # first, so that no child is linked after the cleanup below
+        if parent_chan is not None:
+            parent_chan.close()
+        with cond:
+            for chan in linked.values():
+                chan.close()
+        raise
+    finally:
+        if acceptor is not None:
+            acceptor.close()  # also closes the listener
+    return parent_chan, [linked[c.rank] for c in placement.children]
