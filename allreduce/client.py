@@ -13,6 +13,7 @@ Typical life of a training task (one attempt of one shard)::
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from . import protocol as proto
@@ -149,3 +150,61 @@ def _raise_abort(msg: dict[str, Any]) -> None:
 
 
 __all__ = ["ServerSession"]
+
+
+class SpareSession:
+    """A spare task's connection to the server: poll until told which shard to race, if any."""
+
+    def __init__(self, channel: Channel, spare: int) -> None:
+        self._chan = channel
+        self.spare = spare
+
+    @classmethod
+    def connect(
+        cls,
+        address: tuple[str, int],
+        key: bytes,
+        *,
+        spare: int,
+        connect_timeout_s: float = 30.0,
+        handshake_timeout_s: float = 10.0,
+        io_timeout_s: float = 120.0,
+        max_frame_bytes: int = proto.DEFAULT_MAX_FRAME_BYTES,
+    ) -> SpareSession:
+        key = proto.check_key(key)
+        sock = connect(address, rank=None, peer=SERVER, timeout_s=connect_timeout_s)
+        try:
+            chan, _ = client_handshake(
+                sock, key, role="worker", expect_role="server", info={"spare": int(spare)},
+                rank=None, peer=SERVER, handshake_timeout_s=handshake_timeout_s,
+                io_timeout_s=io_timeout_s, max_frame_bytes=max_frame_bytes,
+            )
+        except BaseException:
+            sock.close()
+            raise
+        return cls(chan, int(spare))
+
+    def wait_assignment(self, *, poll_s: float, timeout_s: float) -> int | None:
+        """The shard this spare should race, or None when no race is needed (tree formed).
+
+        Polls every ``poll_s``; raises PeerTimeout after ``timeout_s`` without a decision.
+        """
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                self._chan.send_json(MsgType.SPARE_POLL, {"spare": self.spare})
+                _, msg = self._chan.recv_control(frozenset({MsgType.ASSIGN, MsgType.ABORT}))
+                if "reason" in msg and "shard" not in msg:
+                    _raise_abort(msg)
+                shard = msg.get("shard")
+                if shard is not None:
+                    if isinstance(shard, bool) or not isinstance(shard, int) or shard < 0:
+                        raise ProtocolError(f"the tree server assigned an invalid shard {shard!r}")
+                    return shard
+                if msg.get("done"):
+                    return None
+                if time.monotonic() + poll_s > deadline:
+                    raise PeerTimeout(None, f"no shard assignment within {timeout_s:g} s", peer=SERVER)
+                time.sleep(poll_s)
+        finally:
+            self._chan.close()

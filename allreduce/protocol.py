@@ -64,6 +64,8 @@ class MsgType(enum.IntEnum):
     TOPOLOGY = 4  # server -> worker: the worker's placement in the tree
     STAND_DOWN = 5  # server -> worker: another attempt of the shard won
     ABORT = 6  # any direction: {origin, reason[, missing_shards]}
+    SPARE_POLL = 7  # spare -> server: {spare}: which shard should I race?
+    ASSIGN = 8  # server -> spare: {shard: int | null, done: bool}
     UP_F32 = 16  # child -> parent, reduce phase
     UP_F64 = 17
     DOWN_F32 = 18  # parent -> child, broadcast phase
@@ -78,6 +80,8 @@ CONTROL_TYPES = frozenset(
         MsgType.TOPOLOGY,
         MsgType.STAND_DOWN,
         MsgType.ABORT,
+        MsgType.SPARE_POLL,
+        MsgType.ASSIGN,
     }
 )
 _TYPES_BY_VALUE = {int(t): t for t in MsgType}

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 WAITING, FORMED, FAILED = "waiting", "formed", "failed"
 _WORKER_MESSAGES = frozenset({MsgType.REGISTER, MsgType.PROGRESS})
+_SPARE_MESSAGES = frozenset({MsgType.SPARE_POLL})
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class TreeServer:
         io_timeout_s: float = 120.0,
         startup_timeout_s: float = 600.0,
         max_frame_bytes: int = proto.DEFAULT_MAX_FRAME_BYTES,
+        spare_after: int | None = None,
     ) -> None:
         if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
             raise ValueError(f"num_shards must be a positive integer, got {num_shards!r}")
@@ -114,6 +116,9 @@ class TreeServer:
         self._started = False
         self._closed = False
         self._deadline = 0.0
+        # spares race a shard once this many shards have survivors (default: half, rounded up)
+        self.spare_after = (num_shards + 1) // 2 if spare_after is None else int(spare_after)
+        self._raced: dict[int, int] = {}  # shard -> the spare racing it
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -254,6 +259,11 @@ class TreeServer:
     # -- connections -----------------------------------------------------------------------
 
     def _accept_hello(self, hello: dict[str, Any]) -> tuple[int | None, str | None, dict[str, Any]]:
+        if "spare" in hello:
+            spare = hello["spare"]
+            if isinstance(spare, bool) or not isinstance(spare, int) or not 0 <= spare < 1 << 20:
+                raise ProtocolError(f"HELLO names an invalid spare {spare!r}")
+            return None, f"spare {spare}", {"num_shards": self.num_shards}
         shard, attempt = hello.get("shard"), hello.get("attempt_id")
         if (
             isinstance(shard, bool)
@@ -267,6 +277,9 @@ class TreeServer:
 
     def _serve(self, chan: Channel, hello: dict[str, Any]) -> None:
         """Handle one authenticated worker (runs on its handshake thread until it leaves)."""
+        if "spare" in hello:
+            self._serve_spare(chan, int(hello["spare"]))
+            return
         try:
             host, port = chan.sock.getpeername()[:2]
             addr = f"{host}:{port}"
@@ -313,6 +326,48 @@ class TreeServer:
         finally:
             self._drop(w)
             chan.close()
+
+    # -- spares: speculative execution inside the barrier stage ----------------------------
+
+    def _serve_spare(self, chan: Channel, spare: int) -> None:
+        """Answer a spare's polls: the shard to race, ``done`` once no race is worth it."""
+        try:
+            while True:
+                idle_s = max(self._deadline - time.monotonic(), 0.0) + self._io_timeout_s
+                if not chan.readable(idle_s):
+                    raise PeerTimeout(None, "silent past the startup deadline", peer=f"spare {spare}")
+                _, msg = chan.recv_control(_SPARE_MESSAGES)
+                shard, done = self._assign_spare(spare)
+                chan.send_json(MsgType.ASSIGN, {"shard": shard, "done": done})
+                if shard is not None or done:
+                    return
+        except AllreduceError as exc:
+            log.debug("tree server: spare %d left: %s", spare, exc)
+        finally:
+            chan.close()
+
+    def _assign_spare(self, spare: int) -> tuple[int | None, bool]:
+        """(shard, done): race the slowest unraced unfinished shard once enough shards finished.
+
+        A spare starts racing when at least ``spare_after`` of the shards have a survivor, so
+        it takes a real straggler rather than whichever shard started last.
+        """
+        with self._cond:
+            if self._state != WAITING:
+                return None, True
+            unfinished = [s for s in self._unfinished() if s not in self._raced]
+            if not unfinished:
+                return None, not self._unfinished()
+            if len(self._survivors) < self.spare_after:
+                return None, False
+            best = {s: 0 for s in unfinished}
+            for (s, _), (rows, _) in self._progress.items():
+                if s in best:
+                    best[s] = max(best[s], rows)
+            shard = min(unfinished, key=lambda s: (best[s], s))
+            self._raced[shard] = spare
+        log.info("tree server: spare %d races shard %d (rows done by its slowest attempt: %d)", spare, shard, best[shard])
+        return shard, False
 
     def _on_progress(self, w: _Worker, msg: dict[str, Any]) -> None:
         rows = msg.get("rows_done")

@@ -314,7 +314,7 @@ def _cross_checks(cfg: Config) -> None:
                 raise ConfigError(
                     f"featurize.conjunctions[{i}] = {list(pair)!r}: field {name!r} is not in featurize.fields"
                 )
-    for i, kv in enumerate(cfg.spark.conf):
+    for kv in cfg.spark.conf:
         if not (isinstance(kv, tuple) and len(kv) == 2):
             raise ConfigError(f"spark.conf = {cfg.spark.conf!r}: must be a mapping of setting -> value")
     if cfg.train.inject.slow_shard >= cfg.train.workers:

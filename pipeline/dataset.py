@@ -53,7 +53,7 @@ def plan_shards(dataset_dir: str, k: int, manifest: dict | None = None) -> list[
     """
     m = manifest if manifest is not None else read_manifest(dataset_dir)
     parts: list[ShardPart] = []
-    for f, path in zip(m["files"], dataset_files(dataset_dir, m)):
+    for f, path in zip(m["files"], dataset_files(dataset_dir, m), strict=True):
         parts.extend(_row_groups(path, f["rows"], f["nnz"]))
     shards: list[list[ShardPart]] = [[] for _ in range(k)]
     heap = [(0, i) for i in range(k)]

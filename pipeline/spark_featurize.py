@@ -11,13 +11,13 @@ leaves no manifest.
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
 from dataclasses import asdict, replace
 
 import numpy as np
 
+from allreduce.spark import spark_error_summary as task_error_summary
 from pipeline import fsutil
 from pipeline.blocks import Piece, align_range
 from pipeline.featurize_task import MalformedInput, TaskOptions, run_task
@@ -51,7 +51,7 @@ def _pieces(sc, ranges, files) -> dict:
         sc.setJobDescription(f"terascale featurize: align {len(cut)} byte ranges")
         args = [(r.uri, r.start, r.end, sizes[r.uri]) for r in cut]
         out = sc.parallelize(args, len(args)).map(lambda a: align_range(*a)).collect()
-        aligned = {(r.uri, r.cut_index): a for r, a in zip(cut, out)}
+        aligned = {(r.uri, r.cut_index): a for r, a in zip(cut, out, strict=True)}
     pieces = {}
     line_base: dict[str, int] = {}
     for r in sorted(ranges, key=lambda r: (r.uri, r.cut_index)):
@@ -72,17 +72,6 @@ def _malformed_message(err: BaseException) -> str | None:
         return None
     line = text[i + len(MalformedInput.MARKER):].split("\n", 1)[0].strip()
     return line
-
-
-_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Failure|Interrupt)): ?(.*)$")
-
-
-def task_error_summary(err: BaseException) -> str:
-    """The last Python error line of a task failure that Spark wrapped in a long JVM message."""
-    text = str(err)
-    found = [m.group(0) for m in map(_ERROR_LINE.match, (x.strip() for x in text.splitlines())) if m]
-    found = [f for f in found if not f.startswith(("org.apache.spark", "py4j", "java."))]
-    return found[-1] if found else (text.splitlines()[0] if text else type(err).__name__)
 
 
 def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fconf) -> dict:

@@ -33,7 +33,7 @@ def _rows_from_parquet(ds):
     out = []
     for f in m["files"]:
         t = pq.read_table(os.path.join(ds, f["path"]))
-        for lab, idx, val in zip(t["label"].to_pylist(), t["indices"].to_pylist(), t["values"].to_pylist()):
+        for lab, idx, val in zip(t["label"].to_pylist(), t["indices"].to_pylist(), t["values"].to_pylist(), strict=True):
             out.append((lab, idx, val if val is not None else [1.0] * len(idx)))
     return out
 

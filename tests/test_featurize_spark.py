@@ -51,7 +51,7 @@ def _expected_rows(paths, spec):
                 if len(line) > 65536 or len(fields) != 40 or fields[0] not in ("0", "1"):
                     continue
                 try:
-                    rec = dict(zip(CRITEO_FIELDS, fields[1:]))
+                    rec = dict(zip(CRITEO_FIELDS, fields[1:], strict=True))
                     toks = criteo_tokens(rec, spec.fields, spec.int_bucketing, spec.conjunctions)
                 except ValueError:
                     continue
@@ -67,7 +67,7 @@ def _written_rows(out_dir):
     got = Counter()
     for f in m["files"]:
         t = pq.read_table(os.path.join(out_dir, f["path"]))
-        for lab, idx, val in zip(t["label"].to_pylist(), t["indices"].to_pylist(), t["values"].to_pylist()):
+        for lab, idx, val in zip(t["label"].to_pylist(), t["indices"].to_pylist(), t["values"].to_pylist(), strict=True):
             got[(lab, tuple(idx), tuple(val) if val is not None else (1.0,) * len(idx))] += 1
     return got
 

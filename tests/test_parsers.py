@@ -26,7 +26,7 @@ def criteo_line(label="1", ints=None, cats=None) -> str:
 
 def reference(line: str, spec: FeatureSpec):
     f = line.split("\t")
-    rec = dict(zip(CRITEO_FIELDS, f[1:]))
+    rec = dict(zip(CRITEO_FIELDS, f[1:], strict=True))
     idx, val = indices_values(criteo_tokens(rec, spec.fields, spec.int_bucketing, spec.conjunctions), spec.bits, spec.seed)
     return float(f[0]), idx, val
 

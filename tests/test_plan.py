@@ -34,7 +34,7 @@ def test_ranges_tile_each_file_and_gzip_stays_whole():
     ranges = plan_ranges(files, 4)
     a = [r for r in ranges if r.uri == "a"]
     assert a[0].start == 0 and a[-1].end == 1000
-    assert all(x.end == y.start for x, y in zip(a, a[1:]))
+    assert all(x.end == y.start for x, y in zip(a, a[1:], strict=False))
     assert [r for r in ranges if r.uri == "c.gz"][0].end == 5000
     assert len([r for r in ranges if r.uri == "b"]) == 1
 
@@ -55,6 +55,6 @@ def test_aligned_ranges_tile_lines_exactly(tmp_path, data):
         bounds = [len(data) * i // k for i in range(k + 1)]
         parts = [align_range(str(p), bounds[i], bounds[i + 1], len(data)) for i in range(k)]
         assert parts[0][0] == 0 and parts[-1][1] == len(data)
-        assert all(x[1] == y[0] for x, y in zip(parts, parts[1:]))
+        assert all(x[1] == y[0] for x, y in zip(parts, parts[1:], strict=False))
         assert all(s in (0, len(data)) or data[s - 1:s] == b"\n" for s, _, _ in parts)
         assert sum(n for _, _, n in parts) == data.count(b"\n")

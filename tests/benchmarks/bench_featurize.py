@@ -40,9 +40,9 @@ def _mllib(spark, inputs: str, out: str, bits: int) -> None:
 def main() -> dict:
     from pyspark.sql import SparkSession
 
+    from jobs.cli import _spec
     from jobs.config import load_config
     from pipeline.spark_featurize import run_featurize
-    from jobs.cli import _spec
 
     data = generated_logs(ROWS, FILES, seed=11)
     warm = generated_logs(20_000, 1, seed=12)

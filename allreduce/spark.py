@@ -1,0 +1,248 @@
+"""Spark adapter: run a function in a barrier stage of K workers + S spares joined by a tree.
+
+The only module of ``allreduce`` that imports pyspark. ``run_barrier`` starts a tree server on
+the driver, launches one barrier stage of K + S tasks and hands every task a
+:class:`BarrierTask` context:
+
+- task p < K works on shard p; task K + i is spare i. A spare asks the server which shard to
+  race (the slowest unfinished one, once half the shards have finished their first pass) and
+  runs the same first pass on it; the first attempt of a shard to register survives, the other
+  is told to stand down at its next heartbeat and exits cleanly. Spark turns its own
+  speculation off in barrier stages; this is terascale's.
+- Spark never retries a failed barrier result stage, so the adapter does: a new attempt with a
+  new key, up to ``max_attempts``, logging why each attempt failed.
+
+Security: the per-attempt key travels to the tasks inside the task closure. On a shared cluster
+enable ``spark.authenticate`` and RPC encryption (``spark.network.crypto.enabled``) so it does not
+cross the network in clear. The key is never logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from allreduce.client import ServerSession, SpareSession
+from allreduce.errors import StandDown
+from allreduce.node import TreeNode
+from allreduce.protocol import new_key
+from allreduce.server import TreeServer
+
+log = logging.getLogger("terascale.allreduce")
+
+
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Failure|Interrupt)): ?(.*)$")
+_BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\) finished unsuccessfully\.\s*\n([^\n]*)")
+_LOST_TASK = re.compile(r"Lost task (\d+)\.\d+ in stage \S+ \(TID \d+\) \(([^)]*)\): ([^\n]*)")
+_JVM_PREFIXES = ("org.apache.spark", "py4j", "java.", "scala.")
+
+
+def spark_error_summary(err: BaseException) -> str:
+    """One line naming the failed task and why, out of Spark's long wrapped job failure.
+
+    The Python exception line when the task raised; else Spark's own reason (e.g. a Python
+    worker that crashed); prefixed with the task's partition index when Spark names it.
+    """
+    text = str(err)
+    task = None
+    spark_reason = None
+    m = _BARRIER_TASK.search(text) or _LOST_TASK.search(text)
+    if m is not None:
+        task = m.group(1)
+        spark_reason = m.group(m.lastindex)
+        for prefix in ("org.apache.spark.SparkException: ", "org.apache.spark.api.python.PythonException: "):
+            spark_reason = spark_reason.removeprefix(prefix)
+        spark_reason = spark_reason.split(". Consider setting", 1)[0]
+    found = [m.group(0) for m in map(_ERROR_LINE.match, (x.strip() for x in text.splitlines())) if m]
+    found = [f for f in found if not f.startswith(_JVM_PREFIXES)]
+    reason = found[-1] if found else spark_reason or (text.splitlines()[0] if text else type(err).__name__)
+    return f"task {task}: {reason}" if task is not None else reason
+
+
+class BarrierError(RuntimeError):
+    """The barrier stage cannot run, or failed in every attempt; the message says why."""
+
+
+@dataclass(frozen=True)
+class NetConf:
+    """The allreduce settings a task needs (plain values; pickled into the tasks)."""
+
+    chunk_bytes: int = 1 << 20
+    connect_timeout_s: float = 30.0
+    handshake_timeout_s: float = 10.0
+    io_timeout_s: float = 120.0
+    startup_timeout_s: float = 600.0
+    max_frame_bytes: int = 1 << 28
+    spare_poll_s: float = 0.25
+    heartbeat_rows: int = 100_000  # a pass reports progress (and checks for stand-down) this often
+
+    @classmethod
+    def from_conf(cls, c) -> NetConf:
+        return cls(c.chunk_bytes, c.connect_timeout_s, c.handshake_timeout_s, c.io_timeout_s,
+                   c.startup_timeout_s, c.max_frame_bytes)
+
+
+@dataclass
+class BarrierTask:
+    """What a task function gets: its shard, its attempt, heartbeats, and the tree to join."""
+
+    shard: int
+    attempt: int  # the driver's attempt number, 0-based
+    attempt_id: str  # unique per task attempt, e.g. "w2-a0" or "s0-a1"
+    is_spare: bool
+    host: str  # the address this task listens on for tree links
+    num_shards: int
+    net: NetConf
+    _server: tuple[str, int] = field(repr=False, default=("", 0))
+    _key: bytes = field(repr=False, default=b"")
+    _session: ServerSession | None = field(repr=False, default=None)
+
+    def session(self) -> ServerSession:
+        if self._session is None:
+            n = self.net
+            self._session = ServerSession.connect(
+                self._server, self._key, shard=self.shard, attempt_id=self.attempt_id,
+                connect_timeout_s=n.connect_timeout_s, handshake_timeout_s=n.handshake_timeout_s,
+                io_timeout_s=n.io_timeout_s, max_frame_bytes=n.max_frame_bytes,
+            )
+        return self._session
+
+    def heartbeat(self, rows_done: int) -> None:
+        """Report first-pass progress; raises StandDown if another attempt of the shard won."""
+        s = self.session()
+        if s.stand_down_requested():
+            raise StandDown(self.shard, self.attempt_id, "another attempt of this shard registered first")
+        s.report_progress(rows_done)
+
+    def join(self) -> TreeNode:
+        """Register as this shard's survivor and link up with the tree (raises StandDown)."""
+        n = self.net
+        session, self._session = self.session(), None
+        return TreeNode.join(
+            self._server, self._key, shard=self.shard, attempt_id=self.attempt_id, host=self.host,
+            chunk_bytes=n.chunk_bytes, connect_timeout_s=n.connect_timeout_s,
+            handshake_timeout_s=n.handshake_timeout_s, io_timeout_s=n.io_timeout_s,
+            startup_timeout_s=n.startup_timeout_s, max_frame_bytes=n.max_frame_bytes, session=session,
+        )
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+
+TaskFn = Callable[[BarrierTask], dict]
+
+
+def preflight(spark, slots_needed: int, what: str) -> None:
+    """Fail fast (not hang) when the cluster cannot gang-schedule the barrier stage."""
+    sc = spark.sparkContext
+    conf = sc.getConf()
+    if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+        raise BarrierError(
+            "barrier stages need a fixed set of executors: set spark.dynamicAllocation.enabled=false"
+        )
+    cpus = int(conf.get("spark.task.cpus", "1"))
+    slots = sc.defaultParallelism // max(cpus, 1)
+    if slots < slots_needed:
+        raise BarrierError(
+            f"the barrier stage needs {slots_needed} concurrent task slots ({what}), but the cluster "
+            f"offers {slots} ({sc.defaultParallelism} cores / spark.task.cpus={cpus}); add executors or "
+            "cores, or lower train.workers / train.spares"
+        )
+
+
+def _task_host() -> str:
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    addr = ctx.getTaskInfos()[ctx.partitionId()].address
+    return addr.rsplit(":", 1)[0] if addr else "127.0.0.1"
+
+
+def _run_task(p: int, k: int, attempt: int, server: tuple[str, int], key: bytes, net: NetConf,
+              task_fn: TaskFn) -> dict:
+    host = _task_host()
+    if p < k:
+        shard, spare, attempt_id = p, False, f"w{p}-a{attempt}"
+    else:
+        i = p - k
+        with_spare = SpareSession.connect(
+            server, key, spare=i, connect_timeout_s=net.connect_timeout_s,
+            handshake_timeout_s=net.handshake_timeout_s, io_timeout_s=net.io_timeout_s,
+        )
+        shard = with_spare.wait_assignment(poll_s=net.spare_poll_s, timeout_s=net.startup_timeout_s)
+        if shard is None:
+            return {"task": p, "role": "spare", "shard": None, "outcome": "unused"}
+        spare, attempt_id = True, f"s{i}-a{attempt}"
+    ctx = BarrierTask(shard, attempt, attempt_id, spare, host, k, net, server, key)
+    t0 = time.perf_counter()
+    try:
+        result = task_fn(ctx)
+    except StandDown:
+        return {"task": p, "role": "spare" if spare else "worker", "shard": shard,
+                "attempt_id": attempt_id, "outcome": "stood_down", "seconds": time.perf_counter() - t0}
+    finally:
+        ctx.close()
+    return {"task": p, "role": "spare" if spare else "worker", "shard": shard, "attempt_id": attempt_id,
+            "outcome": "survivor", "seconds": time.perf_counter() - t0, "result": result}
+
+
+@dataclass
+class BarrierResult:
+    results: list[dict]  # one per shard (index = shard): the survivor's task_fn result
+    tasks: list[dict]  # every task's outcome: survivor / stood_down / unused
+    attempts: list[dict]  # every driver attempt: number, seconds, outcome, error
+
+
+def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: NetConf,
+                max_attempts: int = 3, server_host: str = "", job_name: str = "terascale barrier") -> BarrierResult:
+    """Run ``task_fn`` on ``num_shards`` workers + ``spares`` spares; retry failed attempts."""
+    preflight(spark, num_shards + spares, f"{num_shards} workers + {spares} spares")
+    sc = spark.sparkContext
+    host = server_host or sc.getConf().get("spark.driver.host", "127.0.0.1")
+    attempts: list[dict] = []
+    for attempt in range(max_attempts):
+        key = new_key()
+        t0 = time.perf_counter()
+        with TreeServer(num_shards, key, host=host, handshake_timeout_s=net.handshake_timeout_s,
+                        io_timeout_s=net.io_timeout_s, startup_timeout_s=net.startup_timeout_s,
+                        max_frame_bytes=net.max_frame_bytes) as server:
+            address = server.address
+            log.info("%s: attempt %d of %d, tree server on %s:%d, %d workers + %d spares", job_name,
+                     attempt + 1, max_attempts, address[0], address[1], num_shards, spares)
+
+            def fn(p, _it, k=num_shards, a=attempt, s=address, key=key, n=net, f=task_fn):
+                yield _run_task(p, k, a, s, key, n, f)
+
+            sc.setJobDescription(f"{job_name}: attempt {attempt + 1}")
+            try:
+                rdd = sc.parallelize(range(num_shards + spares), num_shards + spares)
+                tasks = rdd.barrier().mapPartitionsWithIndex(fn).collect()
+            except Exception as e:  # noqa: BLE001 - a failed barrier stage: log why, then retry
+                why = spark_error_summary(e)
+                attempts.append({"attempt": attempt, "seconds": time.perf_counter() - t0, "outcome": "failed", "error": why})
+                log.warning("%s: attempt %d failed: %s", job_name, attempt + 1, why)
+                continue
+            finally:
+                sc.setJobDescription(None)
+        survivors = sorted((t for t in tasks if t["outcome"] == "survivor"), key=lambda t: t["shard"])
+        if [t["shard"] for t in survivors] != list(range(num_shards)):
+            why = f"survivors for shards {[t['shard'] for t in survivors]}, expected 0..{num_shards - 1}"
+            attempts.append({"attempt": attempt, "seconds": time.perf_counter() - t0, "outcome": "failed", "error": why})
+            log.warning("%s: attempt %d failed: %s", job_name, attempt + 1, why)
+            continue
+        for t in tasks:
+            if t["outcome"] != "survivor":
+                log.info("%s: task %d (%s) %s%s", job_name, t["task"], t["role"], t["outcome"].replace("_", " "),
+                         f" on shard {t['shard']}" if t.get("shard") is not None else "")
+        log.info("%s: attempt %d succeeded in %.1f s; survivors: %s", job_name, attempt + 1,
+                 time.perf_counter() - t0, ", ".join(f"{t['shard']}={t['attempt_id']}" for t in survivors))
+        attempts.append({"attempt": attempt, "seconds": time.perf_counter() - t0, "outcome": "succeeded"})
+        return BarrierResult([t["result"] for t in survivors], tasks, attempts)
+    raise BarrierError(
+        f"{job_name}: all {max_attempts} attempts failed; last error: {attempts[-1]['error']}"
+    )

@@ -1,0 +1,84 @@
+"""allreduce.spark.run_barrier on real Spark masters: local[4], local-cluster, spares, retries."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from allreduce.spark import BarrierError, NetConf, preflight, run_barrier
+
+pytestmark = pytest.mark.spark
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _app(scenario: str, master: str) -> tuple[dict, str]:
+    r = subprocess.run([sys.executable, "-m", "tests.barrier_app", scenario, master], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+def _check_allreduce(out, k):
+    want = [sum(i + 10.0 * s for s in range(k)) for i in range(5)]
+    assert [r["rank"] for r in out["results"]] == list(range(k))
+    for r in out["results"]:
+        assert r["sum"] == want and r["size"] == k
+        assert r["scalars"] == [float(k), float(sum(range(k)))]
+        assert r["stats"]["calls"] == 2
+
+
+def test_barrier_allreduce_local4():
+    out, log = _app("allreduce", "local[4]")
+    _check_allreduce(out, 3)
+    assert "tree server on 127.0.0.1:" in log and [a["outcome"] for a in out["attempts"]] == ["succeeded"]
+
+
+@pytest.mark.slow
+def test_barrier_allreduce_local_cluster():
+    out, _ = _app("allreduce2", "local-cluster[2,1,1024]")
+    _check_allreduce(out, 2)
+
+
+def test_spare_wins_the_straggler_shard():
+    out, log = _app("straggler", "local[4]")
+    by_shard = {r["rank"]: r for r in out["results"]}
+    assert by_shard[1]["spare"] is True  # the spare's attempt survived for the 5x slow shard
+    assert not by_shard[0]["spare"] and not by_shard[2]["spare"]
+    assert all(r["total"] == [3 * 20_000.0] for r in out["results"])
+    outcomes = {(t["role"], t["shard"]): t["outcome"] for t in out["tasks"]}
+    assert outcomes[("worker", 1)] == "stood_down"  # the straggler stopped mid-pass and exited cleanly
+    assert "spare 0 races shard 1" in log and "told to stand down" in log
+
+
+def test_killed_task_is_retried_by_the_adapter():
+    out, log = _app("kill", "local[2]")
+    _check_allreduce(out, 2)
+    assert [a["outcome"] for a in out["attempts"]] == ["failed", "succeeded"]
+    assert out["attempts"][0]["error"]
+    assert "attempt 1 failed" in log
+
+
+def test_preflight_refuses_too_few_slots(spark):
+    with pytest.raises(BarrierError, match=r"needs 3 concurrent task slots \(2 workers \+ 1 spares\), but the cluster offers 2"):
+        run_barrier(spark, 2, 1, lambda ctx: {}, net=NetConf())
+    preflight(spark, 2, "ok")
+
+
+def test_spark_error_summary_names_task_and_cause():
+    from allreduce.spark import spark_error_summary
+
+    crash = ("An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"
+             ": org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover from a failed "
+             "barrier ResultStage. Most recent failure reason: Stage failed because barrier task ResultTask(0, 1) "
+             "finished unsuccessfully.\norg.apache.spark.SparkException: Python worker exited unexpectedly (crashed). "
+             "Consider setting 'spark.python.worker.faulthandler.enabled'\n\tat org.apache.spark.x(y.scala:1)")
+    assert spark_error_summary(RuntimeError(crash)) == "task 1: Python worker exited unexpectedly (crashed)"
+    raised = crash.replace("org.apache.spark.SparkException: Python worker exited unexpectedly (crashed). Consider",
+                           "org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] Traceback:\n"
+                           "  File \"x.py\", line 1, in f\nValueError: boom in shard 1\n Consider")
+    assert spark_error_summary(RuntimeError(raised)) == "task 1: ValueError: boom in shard 1"
+    assert spark_error_summary(ValueError("plain")) == "plain"
