@@ -1,0 +1,11 @@
+"""Solvers: numeric kernels (numba) and solver drivers over an abstract Communicator.
+
+Layers (imports only go down; nothing here imports Spark):
+
+- ``solvers.kernels``: losses, the online pass, loss/gradient/Hessian-diagonal sums, vector
+  reductions; arrays and scalars only.
+- drivers: ``online`` (online passes + weighted averaging), ``lbfgs``, ``hybrid``; shared
+  ``objective``, ``tracker`` (history, timings, held-out loss, early stopping), ``setup``
+  (input agreement), ``state`` (checkpoints), ``registry``.
+- ``solvers.api.train`` is the entry point; ``solvers.params.SolverParams`` the parameters.
+"""

@@ -64,3 +64,20 @@ class CSRData:
     def empty(cls, n_features: int) -> CSRData:
         return cls(np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float32),
                    np.zeros(0, np.float32), np.zeros(0, np.float32), n_features)
+
+    def take_rows(self, mask: np.ndarray) -> CSRData:
+        """The rows where ``mask`` is true, as a new CSR matrix (order kept)."""
+        mask = np.asarray(mask, dtype=bool)
+        lens = np.diff(self.indptr)
+        keep = np.repeat(mask, lens)
+        indptr = np.zeros(int(mask.sum()) + 1, np.int64)
+        np.cumsum(lens[mask], out=indptr[1:])
+        return CSRData(indptr, self.indices[keep], self.values[keep], self.labels[mask], self.weights[mask], self.n_features)
+
+    def split_holdout(self, period: int) -> tuple[CSRData, CSRData | None]:
+        """(train, holdout): every ``period``-th row (the last of each period) is held out, as
+        Vowpal Wabbit's --holdout_period does; period 0 keeps every row for training."""
+        if period <= 0 or self.n_rows == 0:
+            return self, None
+        held = (np.arange(self.n_rows) % period) == period - 1
+        return self.take_rows(~held), self.take_rows(held)

@@ -18,7 +18,7 @@ Figures (all on 127.0.0.1, one OS process per rank, so the GIL does not serializ
 * ``scalars_latency_s``: mean time of ``allreduce_scalars`` of 4 floats (the latency-bound
   path L-BFGS uses for losses and dot products), slowest rank, over 200 back-to-back calls.
 
-Run: ``python -m tests.benchmarks.bench_allreduce_socket [--quick]``. ``main()`` returns the
+Run: ``python -m tests.benchmarks.allreduce_socket [--quick]``. ``main()`` returns the
 figures as a dict (bandwidths in GB/s, 1 GB = 1e9 bytes; times in seconds).
 """
 

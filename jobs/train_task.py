@@ -1,0 +1,134 @@
+"""What one barrier task of the train job does (runs on an executor; no pyspark import here).
+
+read its shard with pyarrow straight into CSR -> split the held-out rows -> resume from the
+newest checkpoint if there is one -> train (the first collective joins the tree, i.e. the task
+registers as its shard's survivor when its first pass is done) -> rank 0 writes a checkpoint
+after every pass and, at the end, the weights into the model's staging directory. The driver
+gets back only small things: history, counts, timings and where the weights are.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from allreduce.lazy import LazyCommunicator
+from jobs import checkpoint
+from pipeline import modeldir
+from pipeline.dataset import ShardPart, read_csr
+from solvers.api import train
+from solvers.params import SolverParams
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by the train.inject.fail_* chaos drill."""
+
+
+@dataclass(frozen=True)
+class Inject:
+    """The train.inject.* chaos drills (all off by default)."""
+
+    slow_shard: int = -1
+    slow_factor: float = 1.0
+    fail_shard: int = -1
+    fail_attempt: int = 0
+    fail_pass: int = 1
+    fail_mode: str = "raise"
+
+    def maybe_fail(self, shard: int, attempt: int, pass_no: int) -> None:
+        if (shard, attempt, pass_no) == (self.fail_shard, self.fail_attempt, self.fail_pass):
+            if self.fail_mode == "kill":
+                os._exit(17)  # the process dies abruptly, as a lost executor would
+            raise InjectedFailure(f"train.inject: shard {shard} fails at pass {pass_no} of attempt {attempt}")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a train task needs, as plain picklable values."""
+
+    shards: tuple[tuple[ShardPart, ...], ...]
+    n_features: int
+    params: SolverParams
+    holdout_period: int
+    checkpoint_dir: str
+    staging_dir: str
+    inject: Inject
+    init_weights: str = ""  # a model directory to warm-start from ("" = none)
+
+
+def _progress_hook(ctx, spec: TaskSpec, n_rows: int):
+    """Heartbeats during pass 1 (so spares see stragglers and losers stop early), slow drill."""
+    slow = spec.inject.slow_shard == ctx.shard and not ctx.is_spare and spec.inject.slow_factor > 1
+    last = [time.perf_counter()]
+
+    def progress(pass_no: int, rows_done: int) -> None:
+        if pass_no != 1:
+            return
+        if slow:
+            now = time.perf_counter()
+            time.sleep((now - last[0]) * (spec.inject.slow_factor - 1))
+            last[0] = time.perf_counter()
+        ctx.heartbeat(rows_done)
+
+    return progress
+
+
+def run_train_task(ctx, spec: TaskSpec) -> dict:
+    t0 = time.perf_counter()
+    data = read_csr(list(spec.shards[ctx.shard]), spec.n_features)
+    read_s = time.perf_counter() - t0
+    train_data, holdout = data.split_holdout(spec.holdout_period)
+    resume = None
+    found = checkpoint.latest(spec.checkpoint_dir) if spec.checkpoint_dir else None
+    if found is not None:
+        resume = found[1]
+    init = None
+    if resume is None and spec.init_weights:
+        w, b, _ = modeldir.load_model(spec.init_weights)
+        init = (w, b)
+    ctx.heartbeat(0)
+    comm = LazyCommunicator(ctx.shard, ctx.num_shards, ctx.join)
+
+    def on_pass_end(state: dict) -> None:
+        p = int(state["pass"])
+        spec.inject.maybe_fail(ctx.shard, ctx.attempt, p)
+        if comm.rank == 0 and spec.checkpoint_dir:
+            checkpoint.save(spec.checkpoint_dir, p, state)
+
+    progress = _progress_hook(ctx, spec, train_data.n_rows)
+    with comm:
+        result = train(train_data, comm, spec.params, holdout=holdout, on_pass_end=on_pass_end,
+                       resume=resume, progress=progress, init=init)
+        counts = comm.allreduce_scalars([train_data.n_rows, train_data.nnz,
+                                         0 if holdout is None else holdout.n_rows, float(data.nbytes)])
+    out = {
+        "shard": ctx.shard, "rank": comm.rank, "attempt_id": ctx.attempt_id, "spare": ctx.is_spare,
+        "rows": train_data.n_rows, "nnz": train_data.nnz, "holdout_rows": 0 if holdout is None else holdout.n_rows,
+        "csr_bytes": data.nbytes, "read_s": read_s, "seconds": time.perf_counter() - t0,
+        "resumed_from_pass": None if found is None else found[0],
+        "peak_rss_bytes": _peak_rss(),
+    }
+    if comm.rank == 0:
+        modeldir.write_weights(spec.staging_dir, result.weights)
+        out.update({
+            "history": result.history, "intercept": float(result.intercept), "objective": float(result.objective),
+            "totals": {"train_rows": int(counts[0]), "train_nnz": int(counts[1]), "holdout_rows": int(counts[2]),
+                       "csr_bytes": int(counts[3])},
+        })
+    return out
+
+
+def _peak_rss() -> int:
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    except Exception:  # noqa: BLE001 - not every platform has it
+        return 0
+
+
+def weights_finite(w: np.ndarray) -> bool:
+    return bool(np.all(np.isfinite(w)))

@@ -1,0 +1,100 @@
+"""The model directory: ``weights.npy`` (float32, length 2^bits) and ``metadata.json``.
+
+Written atomically: everything goes into a temporary sibling directory that is renamed into
+place last, so a model directory exists only when it is complete (invariant 6). A model never
+holds a non-finite weight.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+
+import numpy as np
+
+from pipeline import fsutil
+from pipeline.manifest import terascale_version
+
+MODEL_FORMAT = 1
+WEIGHTS = "weights.npy"
+METADATA = "metadata.json"
+
+
+class ModelError(ValueError):
+    """A model directory is missing, incomplete, inconsistent or incompatible."""
+
+
+def staging_dir(model_dir: str, tag: str = "") -> str:
+    """A temporary sibling of the model directory (same filesystem, so the rename is atomic)."""
+    base = fsutil.normalize(model_dir).rstrip("/")
+    return f"{base}.tmp-{tag or uuid.uuid4().hex[:10]}"
+
+
+def write_weights(directory: str, weights: np.ndarray) -> None:
+    w = np.ascontiguousarray(weights, dtype=np.float32)
+    if not np.all(np.isfinite(w)):
+        raise ModelError(f"refusing to write a model with {int(np.sum(~np.isfinite(w)))} non-finite weights")
+    fsutil.makedirs(directory)
+    buf = io.BytesIO()
+    np.save(buf, w, allow_pickle=False)
+    fs, inner = fsutil.resolve(fsutil.join(directory, WEIGHTS))
+    with fs.open_output_stream(inner) as out:
+        out.write(buf.getvalue())
+
+
+def commit(staging: str, model_dir: str, metadata: dict) -> None:
+    """Add metadata.json to a staging directory holding weights.npy, then rename it into place.
+
+    An existing model at ``model_dir`` is replaced (moved aside first, removed after).
+    """
+    if not np.isfinite(metadata.get("intercept", 0.0)):
+        raise ModelError("refusing to write a model with a non-finite intercept")
+    meta = {"format_version": MODEL_FORMAT, "terascale_version": terascale_version(), **metadata}
+    fs, inner = fsutil.resolve(fsutil.join(staging, METADATA))
+    with fs.open_output_stream(inner) as out:
+        out.write(json.dumps(meta, indent=2, default=_json_default).encode("utf-8") + b"\n")
+    target = fsutil.normalize(model_dir)
+    old = None
+    if fsutil.exists(target):
+        old = staging_dir(model_dir, "old-" + uuid.uuid4().hex[:6])
+        fsutil.move(target, old)
+    fsutil.move(staging, target)
+    if old is not None:
+        fsutil.delete(old)
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+def load_metadata(model_dir: str) -> dict:
+    path = fsutil.join(fsutil.normalize(model_dir), METADATA)
+    if not fsutil.exists(path):
+        raise ModelError(f"{model_dir}: no {METADATA}; not a terascale model directory")
+    meta = fsutil.read_json(path)
+    if meta.get("format_version") != MODEL_FORMAT:
+        raise ModelError(f"{path}: model format {meta.get('format_version')!r} is not supported (want {MODEL_FORMAT})")
+    return meta
+
+
+def load_model(model_dir: str) -> tuple[np.ndarray, float, dict]:
+    """(weights float32, intercept, metadata); checks the weights against the feature spec."""
+    meta = load_metadata(model_dir)
+    fs, inner = fsutil.resolve(fsutil.join(fsutil.normalize(model_dir), WEIGHTS))
+    with fs.open_input_stream(inner) as f:
+        w = np.load(io.BytesIO(f.read()), allow_pickle=False)
+    n = 1 << int(meta["spec"]["bits"])
+    if w.dtype != np.float32 or w.shape != (n,):
+        raise ModelError(f"{model_dir}: weights.npy is {w.dtype}{w.shape}, the spec wants float32 ({n},)")
+    return w, float(meta["intercept"]), meta
+
+
+def same_spec(a: dict, b: dict) -> list[str]:
+    """The feature-spec keys on which two specs differ (empty when compatible)."""
+    keys = ("format", "bits", "seed", "fields", "int_bucketing", "conjunctions", "libsvm_index_base")
+    return [k for k in keys if a.get(k) != b.get(k)]

@@ -1,0 +1,81 @@
+"""Public entry point of the solvers: ``train(data, comm, params, ...) -> TrainResult``.
+
+    from solvers.api import SolverParams, train
+    result = train(shard, comm, SolverParams(solver="hybrid", l2=1e-6), holdout=held_out)
+
+Every rank calls ``train`` with its own shard and the same parameters. The solver is looked up
+in the registry (:data:`SOLVERS`; the built-in "online", "lbfgs" and "hybrid" are registered
+by importing this module, plugins register themselves). Before any other collective, all
+ranks validate their inputs locally; they agree on them (and on the totals) in the first
+collective, after the first pass (:mod:`solvers.setup`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import solvers.hybrid  # noqa: F401 - registers "hybrid"
+import solvers.lbfgs  # noqa: F401 - registers "lbfgs"
+import solvers.online  # noqa: F401 - registers "online"
+from allreduce.communicator import Communicator
+from solvers.data import CSRData
+from solvers.errors import NonFiniteInputError
+from solvers.kernels.losses import LOSS_IDS
+from solvers.objective import DistributedObjective
+from solvers.params import SolverParams
+from solvers.registry import SOLVERS, get_solver, register_solver
+from solvers.run import TrainResult, TrainRun, rows_reporter
+from solvers.setup import AgreeingCommunicator, Inputs
+from solvers.state import check_resume
+from solvers.tracker import PassTracker
+
+__all__ = ["SOLVERS", "SolverParams", "TrainResult", "TrainRun", "register_solver", "train"]
+
+
+def train(data: CSRData, comm: Communicator, params: SolverParams | None = None,
+          holdout: CSRData | None = None, on_pass_end: Callable[[dict], Any] | None = None,
+          resume: dict | None = None, progress: Callable[[int, int], Any] | None = None,
+          init: tuple[np.ndarray, float] | None = None) -> TrainResult:
+    """Fit a linear model to the data of all ranks (see :mod:`solvers.params` for the objective).
+
+    ``holdout``: this rank's held-out rows (scored after every pass; early stopping).
+    ``on_pass_end(state)``: called after every completed pass with a checkpoint state
+    (:mod:`solvers.state`); ``resume=state`` continues from one (every rank passes the same
+    state). ``progress(pass_number, rows_done)``: called during every pass after each chunk of
+    rows (heartbeats; it may raise to abandon the run). ``init=(weights, intercept)``: start
+    from these weights instead of zeros (ignored when resuming).
+
+    No collective happens before the first pass over the data is done (the input agreement
+    rides on the first collective). Raises InvalidInputError / NonFiniteInputError for bad
+    inputs and DivergenceError for a non-finite loss or weights, on every rank.
+    """
+    params = params or SolverParams()
+    solve = get_solver(params.solver)
+    if resume is not None:
+        check_resume(resume, params, data.n_features)
+    theta0 = None if init is None or resume is not None else _initial_theta(init, data.n_features)
+    inputs = Inputs(comm.rank, data, holdout, params.loss)
+    solver_comm = AgreeingCommunicator(comm, inputs)
+    if inputs.problem is not None:
+        inputs.agree(comm)  # raises here, and on every other rank at its first collective
+    loss_id = LOSS_IDS[params.loss]
+    tracker = PassTracker(solver_comm, inputs, loss_id, params.early_stop_passes, resume)
+    on_rows = rows_reporter(progress, tracker)
+    objective = DistributedObjective(inputs, solver_comm, loss_id, params.l2, on_rows)
+    run = TrainRun(solver_comm, params, inputs, loss_id, objective, tracker, on_pass_end, resume,
+                   on_rows, theta0)
+    return solve(run)
+
+
+def _initial_theta(init: tuple[np.ndarray, float], n_features: int) -> np.ndarray:
+    weights, intercept = init
+    w = np.asarray(weights, dtype=np.float64).reshape(-1)
+    if w.shape != (n_features,):
+        raise ValueError(f"init: weights have length {w.shape[0]}, the data {n_features} features")
+    theta = np.append(w, float(intercept))
+    if not np.isfinite(theta).all():
+        raise NonFiniteInputError("init: the initial weights or intercept are not finite")
+    return theta

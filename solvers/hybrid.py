@@ -1,0 +1,33 @@
+"""The ``hybrid`` solver (default; Algorithm 2 of the terascale paper): ``online_passes``
+online passes with per-coordinate weighted averaging, then L-BFGS warm-started from the
+average, up to ``passes`` passes in all.
+"""
+
+from __future__ import annotations
+
+from solvers.lbfgs import lbfgs_from, lbfgs_resume
+from solvers.online import OnlineLearner, resumed_stop, run_online_phase
+from solvers.registry import register_solver
+from solvers.run import TrainResult, TrainRun
+
+
+@register_solver("hybrid")
+def train_hybrid(run: TrainRun) -> TrainResult:
+    saved = run.resume
+    if saved is not None and saved["phase"] == "lbfgs":
+        return lbfgs_resume(run)
+    learner = OnlineLearner(run)
+    theta = learner.theta()
+    first = 1
+    if saved is not None:
+        theta = learner.restore(saved)
+        first = saved["pass"] + 1
+        stop = resumed_stop(run)
+        if stop:
+            return run.finish(theta, None, stop)
+    if first <= run.params.online_passes:
+        theta, stop = run_online_phase(run, learner, first, run.params.online_passes)
+        if stop:
+            return run.finish(theta, None, stop)
+    del learner  # the online table is not needed by L-BFGS
+    return lbfgs_from(run, theta)

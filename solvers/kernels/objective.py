@@ -1,0 +1,92 @@
+"""Batch kernels over a CSR shard: loss, gradient and Hessian diagonal sums in one pass, and
+margins for prediction.
+
+Parameters ``theta`` are float64 of length n_features + 1, the intercept last. For rows i with
+importance weight hᵢ and margin mᵢ = xᵢ·β + b (accumulated in float64):
+
+    loss_sum  = Σᵢ hᵢ·ℓ(yᵢ, mᵢ)
+    grad[j]  += Σᵢ hᵢ·ℓ'(yᵢ, mᵢ)·x_ij,    grad[d] += Σᵢ hᵢ·ℓ'(yᵢ, mᵢ)
+    hess[j]  += Σᵢ hᵢ·ℓ''(yᵢ, mᵢ)·x_ij²,  hess[d] += Σᵢ hᵢ·ℓ''(yᵢ, mᵢ)
+
+These are the local, unnormalized sums (the driver adds them over ranks, divides by Σhᵢ and
+adds the penalty); ``grad`` / ``hess`` of length 0 are skipped. The next row's entries of
+``theta`` and ``grad`` are prefetched while a row is processed. A non-finite margin or loss
+stops the pass and is reported with its row (status BAD_MARGIN / BAD_LOSS), never summed.
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba import njit
+
+from solvers.kernels.losses import (
+    LOGISTIC,
+    logistic_terms,
+    loss_curvature,
+    loss_derivative,
+    loss_value,
+)
+from solvers.kernels.prefetch import prefetch_row
+
+OK = 0
+BAD_MARGIN = 1
+BAD_LOSS = 2
+
+
+@njit(cache=True, nogil=True)
+def loss_grad_hess(indptr, indices, values, labels, weights, theta, loss_id, grad, hess, start,
+                   stop, loss_sum):
+    """Accumulate the sums of the module docstring over rows ``start..stop-1``, the loss onto
+    ``loss_sum`` (consecutive ranges carrying it give the same bits as one call); returns
+    ``(loss_sum, status, row)``."""
+    n_rows = labels.shape[0]
+    d = theta.shape[0] - 1
+    want_grad = grad.shape[0] > 0
+    want_hess = hess.shape[0] > 0
+    for r in range(start, stop):
+        a = indptr[r]
+        b = indptr[r + 1]
+        if r + 1 < n_rows:  # overlap the next row's cache misses with this row's work
+            for k in range(b, indptr[r + 2]):
+                prefetch_row(theta, indices[k])
+                if want_grad:
+                    prefetch_row(grad, indices[k])
+        m = theta[d]
+        for k in range(a, b):
+            m += theta[indices[k]] * values[k]
+        if not math.isfinite(m):
+            return loss_sum, BAD_MARGIN, r
+        h = float(weights[r])
+        y = float(labels[r])
+        if loss_id == LOGISTIC:
+            loss, g, _ = logistic_terms(m, y)
+        else:
+            loss = loss_value(loss_id, m, y)
+            g = loss_derivative(loss_id, m, y)
+        if not math.isfinite(loss):
+            return loss_sum, BAD_LOSS, r
+        loss_sum += h * loss
+        hg = h * g
+        if want_grad and hg != 0.0:
+            for k in range(a, b):
+                grad[indices[k]] += hg * values[k]
+            grad[d] += hg
+        if want_hess:
+            hc = h * loss_curvature(loss_id, m, y)
+            if hc != 0.0:
+                for k in range(a, b):
+                    x = float(values[k])
+                    hess[indices[k]] += hc * x * x
+                hess[d] += hc
+    return loss_sum, OK, -1
+
+
+@njit(cache=True, nogil=True)
+def margins(indptr, indices, values, coef, intercept, out):
+    """out[i] = xᵢ·coef + intercept (float64 accumulation), for every row."""
+    for r in range(indptr.shape[0] - 1):
+        m = intercept
+        for k in range(indptr[r], indptr[r + 1]):
+            m += coef[indices[k]] * values[k]
+        out[r] = m

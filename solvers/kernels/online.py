@@ -1,0 +1,211 @@
+"""One online pass over a CSR shard: per-coordinate adaptive, normalized, importance-invariant
+updates, the default learner of Vowpal Wabbit and Algorithm 1 of the terascale paper.
+
+State. A float32 table ``state`` of shape ``(n_features + 1, STATE_COLUMNS)``; row j holds
+feature j's weight ``w_j`` (column ``W``), accumulated squared gradient ``G_j`` (``G``) and
+normalizer ``s_j`` = the largest |x_j| seen so far (``S``); the last row is the intercept (a
+feature whose value is always 1). The fourth column is padding: a feature's whole state is one
+aligned 16-byte slot, so each non-zero costs a single cache line (the pass is bound by random
+access into the table). Two float64 running totals ``totals = [t, N]``: t = Σ h (importance
+weights seen) and N = Σ h·Σ_j (x_j/s_j)².
+
+Update for an example (x, y) with importance weight h > 0 (non-zero entries j only, intercept
+included with x = 1; examples of weight 0 are skipped):
+
+1. normalize: if |x_j| > s_j: w_j ← w_j·s_j/|x_j| (when s_j > 0), s_j ← |x_j|
+   (Ross, Mineiro & Langford 2013, "normalized adaptive gradient": the prediction stays
+   the same whatever the scale of a feature);
+2. predict: m = Σ_j w_j·x_j;  t ← t + h;  N ← N + h·Σ_j (x_j/s_j)²;
+3. adapt: g = ℓ'(m);  G_j ← G_j + h·(g·x_j)²;  rate r_j = 1/(s_j·√G_j) (0 while G_j = 0);
+4. step: η_t = η·√(t/N);  κ = η_t·Σ_j r_j·x_j²;  u = the importance-invariant update scalar
+   for (ℓ, m, y, h, κ) (:func:`~solvers.kernels.losses.invariant_scalar`), or the plain
+   gradient scalar h·g when ``invariant`` is off;
+5. w_j ← w_j − η_t·u·r_j·x_j  (so the margin moves by exactly −u·κ).
+
+While a row is processed, the table rows of the next example's features are prefetched.
+The pass also sums the progressive loss Σ h·ℓ(y, m) (each example scored before its update).
+Arithmetic on scalars is float64; the table is float32. The example order is the stored one,
+or ``order`` when it is non-empty (a seeded permutation from the driver): deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from solvers.kernels.losses import (
+    LOGISTIC,
+    invariant_scalar,
+    logistic_terms,
+    loss_derivative,
+    loss_value,
+)
+from solvers.kernels.prefetch import prefetch_row
+
+W = 0
+G = 1
+S = 2
+STATE_COLUMNS = 4
+
+OK = 0
+BAD_MARGIN = 1  # the margin of a row is not finite (weights or data overflowed)
+BAD_UPDATE = 2  # the squared gradient or the update scalar of a row is not finite
+
+
+def new_state(n_features: int) -> np.ndarray:
+    """A zero state table for ``n_features`` features plus the intercept (its s fixed to 1)."""
+    state = np.zeros((n_features + 1, STATE_COLUMNS), dtype=np.float32)
+    state[n_features, S] = 1.0
+    return state
+
+
+@njit(cache=True)
+def _max_row_nnz(indptr, order, start, stop):
+    longest = 0
+    shuffled = order.shape[0] > 0
+    for i in range(start, stop):
+        r = order[i] if shuffled else i
+        longest = max(longest, indptr[r + 1] - indptr[r])
+    return longest
+
+
+@njit(cache=True)
+def _prefetch_example(state, indptr, indices, r):
+    for k in range(indptr[r], indptr[r + 1]):
+        prefetch_row(state, indices[k])
+
+
+@njit(cache=True, nogil=True)
+def online_pass(indptr, indices, values, labels, weights, order, state, totals, loss_id,
+                learning_rate, invariant, start, stop, loss_sum, weight_sum):
+    """Process examples ``start..stop-1`` of the pass (positions in ``order`` if it is non-empty,
+    else row numbers), updating ``state`` and ``totals`` in place (see the module docstring).
+    A pass is one call over all rows, or consecutive calls over consecutive ranges carrying
+    ``loss_sum`` and ``weight_sum`` (start a pass with 0.0): the result is the same bit for bit.
+
+    Returns ``(loss_sum, weight_sum, status, row)``: the running progressive loss Σ h·ℓ and Σ h,
+    and ``status`` OK, or BAD_MARGIN / BAD_UPDATE with the (stored) index of the row where the
+    pass stopped.
+    """
+    n_rows = labels.shape[0]
+    d = state.shape[0] - 1
+    shuffled = order.shape[0] > 0
+    rate = np.empty(_max_row_nnz(indptr, order, start, stop), dtype=np.float32)
+    t = totals[0]
+    n_norm = totals[1]
+    for i in range(start, stop):
+        r = order[i] if shuffled else i
+        a = indptr[r]
+        b = indptr[r + 1]
+        h = float(weights[r])
+        y = float(labels[r])
+        if i + 1 < n_rows:
+            _prefetch_example(state, indptr, indices, order[i + 1] if shuffled else i + 1)
+        if h == 0.0:  # no influence at all (not even on the normalizers)
+            continue
+
+        # 1-2: normalize, predict
+        m = float(state[d, W])
+        norm_x = 1.0
+        for k in range(a, b):
+            x = values[k]
+            ax = abs(x)
+            if ax > 0.0:
+                j = indices[k]
+                s = state[j, S]
+                if ax > s:
+                    if s > 0.0:
+                        state[j, W] *= s / ax
+                    state[j, S] = ax
+                    s = ax
+                q = ax / s
+                norm_x += q * q
+                m += state[j, W] * x
+        if not math.isfinite(m):
+            totals[0] = t
+            totals[1] = n_norm
+            return loss_sum, weight_sum, BAD_MARGIN, r
+        t += h
+        n_norm += h * norm_x
+        weight_sum += h
+        if loss_id == LOGISTIC:
+            loss, g, ez = logistic_terms(m, y)
+        else:
+            loss = loss_value(loss_id, m, y)
+            g = loss_derivative(loss_id, m, y)
+            ez = 0.0
+        loss_sum += h * loss
+        if g == 0.0:
+            continue
+
+        # 3: adapt
+        hg2 = np.float32(h * g * g)
+        if not math.isfinite(hg2):  # the squared gradient overflows float32: diverged
+            totals[0] = t
+            totals[1] = n_norm
+            return loss_sum, weight_sum, BAD_UPDATE, r
+        kappa = 0.0
+        n = 0
+        for k in range(a, b):
+            x = values[k]
+            j = indices[k]
+            gj = state[j, G] + hg2 * (x * x)
+            state[j, G] = gj
+            rj = np.float32(1.0) / (state[j, S] * math.sqrt(gj)) if gj > 0.0 else np.float32(0.0)
+            rate[n] = rj
+            n += 1
+            kappa += rj * (x * x)
+        gb = state[d, G] + hg2
+        state[d, G] = gb
+        rb = np.float32(1.0) / math.sqrt(gb) if gb > 0.0 else np.float32(0.0)
+        kappa += rb
+
+        # 4-5: step
+        eta_t = learning_rate * math.sqrt(t / n_norm)
+        kappa *= eta_t
+        if kappa <= 0.0:
+            continue
+        if invariant:
+            u = invariant_scalar(loss_id, m, y, h, kappa, ez)
+        else:
+            u = h * g
+        c = eta_t * u
+        if not math.isfinite(c):
+            totals[0] = t
+            totals[1] = n_norm
+            return loss_sum, weight_sum, BAD_UPDATE, r
+        n = 0
+        for k in range(a, b):
+            state[indices[k], W] -= np.float32(c * rate[n] * values[k])
+            n += 1
+        state[d, W] -= np.float32(c * rb)
+    totals[0] = t
+    totals[1] = n_norm
+    return loss_sum, weight_sum, OK, -1
+
+
+@njit(cache=True, nogil=True)
+def zero_model_loss_sum(labels, weights, loss_id):
+    """Σ h·ℓ(y, 0): the loss of the all-zero model, the yardstick of an exploding loss."""
+    total = 0.0
+    for r in range(labels.shape[0]):
+        total += float(weights[r]) * loss_value(loss_id, 0.0, float(labels[r]))
+    return total
+
+
+@njit(cache=True, nogil=True)
+def restore_normalizers(indptr, indices, values, weights, state):
+    """Set s_j = max |x_j| over the rows of non-zero weight (what a completed pass leaves),
+    intercept s = 1."""
+    d = state.shape[0] - 1
+    for r in range(weights.shape[0]):
+        if weights[r] == 0.0:
+            continue
+        for k in range(indptr[r], indptr[r + 1]):
+            ax = abs(values[k])
+            j = indices[k]
+            if ax > state[j, S]:
+                state[j, S] = ax
+    state[d, S] = 1.0

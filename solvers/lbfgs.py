@@ -1,0 +1,175 @@
+"""The ``lbfgs`` solver and the L-BFGS phase of the hybrid (Algorithm 2 of the terascale paper).
+
+Every rank runs the same optimizer on the same numbers: each function evaluation is one local
+pass plus ONE AllReduce (:mod:`solvers.objective`), and everything after it (two-loop
+recursion, line search, stopping tests) is deterministic arithmetic on bit-identical bytes,
+so the ranks never drift.
+
+One L-BFGS pass = one iteration: direction p = −H·∇f (two-loop recursion, memory m, Jacobi
+preconditioner D = diag ∇²f at the L-BFGS start, floored at 1e-12·max D), a strong-Wolfe line
+search from α = 1, then the stopping tests, in this order:
+
+    ‖∇f(θ_k)‖₂ ≤ tol·‖∇f(θ_start)‖₂                      -> "converged_grad"
+    f(θ_{k−1}) − f(θ_k) ≤ tol·max(|f(θ_{k−1})|, |f(θ_k)|)  -> "converged_objective"
+    early stopping on held-out data                       -> "early_stop"
+    the pass budget (``passes``, online passes included)  -> "max_passes"
+
+A line search that finds no acceptable step is retried once along −D⁻¹·∇f with the memory
+cleared; if that fails too the run stops with "line_search_failed" (the objective is then flat
+to rounding along the directions tried); if no trial point even had a finite objective, that
+is a divergence and raises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from solvers.errors import DivergenceError
+from solvers.kernels.vector import dot, norm2
+from solvers.lbfgs_memory import LBFGSMemory
+from solvers.linesearch import strong_wolfe
+from solvers.online import resumed_stop
+from solvers.registry import register_solver
+from solvers.run import TrainResult, TrainRun
+
+_DIAG_FLOOR = 1e-12
+
+
+def jacobi_inverse(hess_diag: np.ndarray) -> np.ndarray:
+    """1 / max(D_j, 1e-12·max D) (1 everywhere if D is all zero)."""
+    top = float(hess_diag.max()) if hess_diag.size else 0.0
+    floor = _DIAG_FLOOR * top if top > 0.0 else 1.0
+    return 1.0 / np.maximum(hess_diag, floor)
+
+
+@dataclass
+class LBFGSPhase:
+    run: TrainRun
+    theta: np.ndarray  # float64 [β, b]
+    value: float
+    grad: np.ndarray
+    inv_diag: np.ndarray
+    memory: LBFGSMemory
+    grad0_norm: float
+    pending_evals: int = 0  # evaluations not yet attributed to a pass (the start)
+
+    @classmethod
+    def start(cls, run: TrainRun, theta0: np.ndarray) -> LBFGSPhase:
+        ev = run.objective.evaluate(theta0, with_hessian=True)
+        ev.raise_if_not_finite("at the L-BFGS starting point")
+        return cls(run, theta0, ev.value, ev.grad, jacobi_inverse(ev.hess_diag),
+                   LBFGSMemory(run.params.lbfgs_memory, theta0.shape[0]), norm2(ev.grad), 1)
+
+    @classmethod
+    def restore(cls, run: TrainRun, saved: dict) -> LBFGSPhase:
+        theta = np.append(np.asarray(saved["weights"], dtype=np.float64), saved["intercept"])
+        return cls(run, theta, float(saved["lbfgs_f"]), np.array(saved["lbfgs_grad"], dtype=np.float64),
+                   np.array(saved["lbfgs_inv_diag"], dtype=np.float64), LBFGSMemory.from_state(saved),
+                   float(saved["lbfgs_grad0_norm"]))
+
+    def _search_direction(self) -> tuple[np.ndarray, float]:
+        p = self.memory.direction(self.grad, self.inv_diag)
+        slope = dot(self.grad, p)
+        if not slope < 0.0:  # the memory lost positive-definiteness numerically: restart
+            self.memory.clear()
+            p = np.negative(self.grad * self.inv_diag)
+            slope = dot(self.grad, p)
+        return p, slope
+
+    def _phi(self, p: np.ndarray):
+        objective = self.run.objective
+
+        def phi(alpha: float):
+            point = p * alpha
+            point += self.theta
+            ev = objective.evaluate(point)
+            return ev.value, dot(ev.grad, p), (point, ev), ev.finite
+
+        return phi
+
+    def iterate(self, pass_number: int) -> str | None:
+        """One L-BFGS pass; returns the stop reason or None."""
+        if self.grad0_norm == 0.0:
+            return "converged_grad"
+        p, slope = self._search_direction()
+        if not slope < 0.0:
+            return "converged_grad"  # the gradient is zero to rounding
+        res = strong_wolfe(self._phi(p), self.value, slope, 1.0)
+        evals = res.evaluations + self.pending_evals
+        if not res.ok and self.memory.count > 0:  # retry once along −D⁻¹·∇f
+            self.memory.clear()
+            p, slope = self._search_direction()
+            if slope < 0.0:
+                res = strong_wolfe(self._phi(p), self.value, slope, 1.0)
+                evals += res.evaluations
+        self.pending_evals = 0
+        if not res.ok:
+            if not res.any_finite:
+                raise DivergenceError(
+                    f"L-BFGS pass {pass_number}: no trial step gave a finite objective "
+                    f"({res.evaluations} tried)"
+                )
+            self._record(None, evals)
+            return "line_search_failed"
+        point, ev = res.trial.payload
+        self.memory.push(point - self.theta, ev.grad - self.grad)
+        previous = self.value
+        self.theta, self.value, self.grad = point, ev.value, ev.grad
+        grad_norm = self._record(res.trial.alpha, evals)
+        if grad_norm <= self.run.params.tol * self.grad0_norm:
+            return "converged_grad"
+        if previous - self.value <= self.run.params.tol * max(abs(previous), abs(self.value)):
+            return "converged_objective"
+        return None
+
+    def _record(self, step: float | None, evals: int) -> float:
+        grad_norm = norm2(self.grad)
+        self.run.tracker.finish_pass(
+            "lbfgs", self.theta, objective=self.value, grad_norm=grad_norm, step=step,
+            evaluations=evals,
+        )
+        return grad_norm
+
+    def checkpoint(self, stop_reason: str | None) -> None:
+        arrays, scalars = self.memory.to_state()
+        arrays.update(lbfgs_grad=self.grad, lbfgs_inv_diag=self.inv_diag)
+        scalars.update(lbfgs_f=self.value, lbfgs_grad0_norm=self.grad0_norm)
+        self.run.checkpoint("lbfgs", self.theta, stop_reason, arrays, scalars)
+
+    def run_until(self, last_pass: int) -> TrainResult:
+        """Iterate until a stop reason or pass ``last_pass``; then finish the run."""
+        tracker = self.run.tracker
+        stop = None
+        while stop is None:
+            if tracker.passes_done >= last_pass:
+                stop = "max_passes"
+                break
+            stop = self.iterate(tracker.passes_done + 1)
+            if stop is None and tracker.should_stop:
+                stop = "early_stop"
+            if stop is None and tracker.passes_done >= last_pass:
+                stop = "max_passes"
+            self.checkpoint(stop)
+        return self.run.finish(self.theta, self.value, stop)
+
+
+def lbfgs_from(run: TrainRun, theta0: np.ndarray) -> TrainResult:
+    return LBFGSPhase.start(run, theta0).run_until(run.params.passes)
+
+
+def lbfgs_resume(run: TrainRun) -> TrainResult:
+    """Continue from an L-BFGS checkpoint (or finish if it recorded a final stop)."""
+    phase = LBFGSPhase.restore(run, run.resume)
+    stop = resumed_stop(run)
+    if stop:
+        return run.finish(phase.theta, phase.value, stop)
+    return phase.run_until(run.params.passes)
+
+
+@register_solver("lbfgs")
+def train_lbfgs(run: TrainRun) -> TrainResult:
+    if run.resume is not None:
+        return lbfgs_resume(run)
+    return lbfgs_from(run, run.initial_theta())

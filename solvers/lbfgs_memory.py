@@ -1,0 +1,91 @@
+"""L-BFGS memory and the two-loop recursion with a Jacobi (diagonal) preconditioner.
+
+With pairs sᵢ = θᵢ₊₁ − θᵢ, yᵢ = ∇fᵢ₊₁ − ∇fᵢ, ρᵢ = 1/(yᵢ·sᵢ), newest first:
+
+    q ← g;  for i = newest … oldest:  αᵢ = ρᵢ·(sᵢ·q),  q ← q − αᵢ·yᵢ
+    r ← γ·D⁻¹·q,  D = diag ∇²f at the L-BFGS start (Jacobi),
+                  γ = (s·y)/(y·D⁻¹·y) of the newest pair (1 with no pair yet)
+    for i = oldest … newest:  βᵢ = ρᵢ·(yᵢ·r),  r ← r + (αᵢ − βᵢ)·sᵢ
+    direction = −r  (≈ −H⁻¹·g)
+
+Pairs are stored as float32 (m·2·(d+1)·4 bytes: 0.5 GB for m = 15, d = 2²² instead of 1 GB);
+they only shape the search direction, while iterates and gradients stay float64. A pair is
+kept only if y·s > ε·y·y (curvature), computed on the stored float32 values. All reductions
+use :mod:`solvers.kernels.vector` (fixed order), so every rank computes the same direction.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from solvers.kernels.vector import axpy, dot, weighted_dot
+
+_CURVATURE_EPS = 1e-12
+
+
+class LBFGSMemory:
+    def __init__(self, m: int, dim: int):
+        self.m = int(m)
+        self.S = np.zeros((m, dim), dtype=np.float32)
+        self.Y = np.zeros((m, dim), dtype=np.float32)
+        self.rho = np.zeros(m, dtype=np.float64)
+        self.count = 0
+        self.newest = -1
+
+    def slots(self) -> list[int]:
+        """Slot indices from the oldest pair to the newest."""
+        return [(self.newest - i) % self.m for i in range(self.count - 1, -1, -1)]
+
+    def push(self, s: np.ndarray, y: np.ndarray) -> bool:
+        """Add a pair (dropping the oldest when full); False if it fails the curvature test."""
+        s32 = s.astype(np.float32)
+        y32 = y.astype(np.float32)
+        sy = dot(s32, y32)
+        if not sy > _CURVATURE_EPS * dot(y32, y32):
+            return False
+        slot = (self.newest + 1) % self.m
+        self.S[slot] = s32
+        self.Y[slot] = y32
+        self.rho[slot] = 1.0 / sy
+        self.newest = slot
+        self.count = min(self.count + 1, self.m)
+        return True
+
+    def clear(self) -> None:
+        self.count = 0
+        self.newest = -1
+
+    def direction(self, grad: np.ndarray, inv_diag: np.ndarray) -> np.ndarray:
+        """−H·grad by the two-loop recursion of the module docstring."""
+        order = self.slots()
+        q = grad.copy()
+        alphas = {}
+        for slot in reversed(order):
+            a = self.rho[slot] * dot(self.S[slot], q)
+            alphas[slot] = a
+            axpy(-a, self.Y[slot], q)
+        gamma = 1.0
+        if order:
+            y = self.Y[self.newest]
+            gamma = (1.0 / self.rho[self.newest]) / weighted_dot(y, inv_diag, y)
+        r = q * inv_diag
+        r *= gamma
+        for slot in order:
+            b = self.rho[slot] * dot(self.Y[slot], r)
+            axpy(alphas[slot] - b, self.S[slot], r)
+        return np.negative(r)
+
+    def to_state(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+        arrays = {"lbfgs_S": self.S, "lbfgs_Y": self.Y, "lbfgs_rho": self.rho}
+        return arrays, {"lbfgs_count": self.count, "lbfgs_newest": self.newest}
+
+    @classmethod
+    def from_state(cls, saved: dict) -> LBFGSMemory:
+        S = np.asarray(saved["lbfgs_S"], dtype=np.float32)
+        mem = cls(S.shape[0], S.shape[1])
+        mem.S[:] = S
+        mem.Y[:] = saved["lbfgs_Y"]
+        mem.rho[:] = saved["lbfgs_rho"]
+        mem.count = int(saved["lbfgs_count"])
+        mem.newest = int(saved["lbfgs_newest"])
+        return mem

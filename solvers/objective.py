@@ -1,0 +1,124 @@
+"""The distributed mean-form objective, evaluated with ONE AllReduce per evaluation.
+
+    f(θ) = (1/W)·Σ_k Σ_{i∈k} wᵢ·ℓ(yᵢ, xᵢ·β + b) + (λ/2)·‖β‖²,   θ = [β, b],  W = Σ_k Σ_{i∈k} wᵢ
+    ∇f = (1/W)·Σ_k g_k + λ·[β, 0],   diag ∇²f = (1/W)·Σ_k h_k + λ·[1, …, 1, 0]
+
+Each rank runs the CSR kernel on its shard (g_k, h_k: local weighted sums), then one float64
+AllReduce of ``[g_k | h_k (first evaluation only) | loss_k | bad_k]`` (float64: the sums feed
+curvature pairs and line-search comparisons, where float32 rounding would show). Everything
+after the AllReduce is identical on every rank (deterministic kernels on identical bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from allreduce.communicator import Communicator
+from solvers.errors import DivergenceError
+from solvers.kernels import objective as K
+from solvers.kernels.vector import dot
+from solvers.setup import Inputs
+from solvers.shard import Shard
+
+EMPTY = np.zeros(0, dtype=np.float64)
+#: Rows per kernel call; ``on_rows(rows_done)`` is called after each (progress heartbeats).
+CHUNK_ROWS = 1 << 17
+_STATUS = {K.BAD_MARGIN: "non-finite margin", K.BAD_LOSS: "non-finite loss"}
+
+
+def row_chunks(n_rows: int):
+    """(start, stop) ranges of at most CHUNK_ROWS rows covering ``range(n_rows)``."""
+    for start in range(0, n_rows, CHUNK_ROWS):
+        yield start, min(start + CHUNK_ROWS, n_rows)
+
+
+def shard_sums(shard: Shard, theta: np.ndarray, loss_id: int, grad: np.ndarray = EMPTY,
+               hess: np.ndarray = EMPTY, on_rows: Callable[[int], None] | None = None,
+               ) -> tuple[float, str | None]:
+    """Local sums over a shard (see :mod:`solvers.kernels.objective`): (Σ wᵢℓᵢ, problem or None),
+    gradient and Hessian-diagonal sums added into ``grad`` / ``hess`` when non-empty."""
+    s = shard
+    total = 0.0
+    for start, stop in row_chunks(s.n_rows):
+        total, status, row = K.loss_grad_hess(s.indptr, s.indices, s.values, s.labels, s.weights,
+                                              theta, loss_id, grad, hess, start, stop, total)
+        if status != K.OK:
+            return total, f"{_STATUS[status]} at row {row}"
+        if on_rows is not None:
+            on_rows(stop)
+    return total, None
+
+
+@dataclass
+class Evaluation:
+    value: float  # f(θ)
+    grad: np.ndarray  # ∇f(θ), float64 (d + 1,)
+    hess_diag: np.ndarray | None  # diag ∇²f(θ) when asked for
+    finite: bool  # False if any rank hit a non-finite margin/loss, or f / ∇f are not finite
+    local_problem: str | None  # this rank's own problem, for error messages
+
+    def raise_if_not_finite(self, where: str) -> None:
+        if not self.finite:
+            raise DivergenceError(
+                f"non-finite training objective {where}: "
+                + (self.local_problem or "reported by another rank (see its error)")
+            )
+
+
+class DistributedObjective:
+    """f, ∇f (and the Hessian diagonal) over all ranks' shards; see the module docstring."""
+
+    def __init__(self, inputs: Inputs, comm: Communicator, loss_id: int, l2: float,
+                 on_rows: Callable[[int], None] | None = None):
+        self.inputs = inputs
+        self.shard = inputs.train
+        self.comm = comm
+        self.loss_id = loss_id
+        self.l2 = float(l2)
+        self.on_rows = on_rows
+        self.dim = inputs.n_features + 1
+
+    def penalty(self, theta: np.ndarray) -> float:
+        """(λ/2)·‖β‖² (the intercept excluded)."""
+        beta = theta[:-1]
+        return 0.5 * self.l2 * dot(beta, beta)
+
+    def _local(self, theta: np.ndarray, grad: np.ndarray, hess: np.ndarray) -> tuple[float, str | None]:
+        loss, problem = shard_sums(self.shard, theta, self.loss_id, grad, hess, self.on_rows)
+        return loss, None if problem is None else f"rank {self.comm.rank}: {problem}"
+
+    def evaluate(self, theta: np.ndarray, with_hessian: bool = False) -> Evaluation:
+        d1 = self.dim
+        n_blocks = 2 if with_hessian else 1
+        buf = np.zeros(n_blocks * d1 + 2, dtype=np.float64)
+        hess = buf[d1 : 2 * d1] if with_hessian else EMPTY
+        loss, problem = self._local(theta, buf[:d1], hess)
+        buf[-2] = loss
+        buf[-1] = 0.0 if problem is None else 1.0
+        tot = self.comm.allreduce(buf)
+        inv_w = 1.0 / self.inputs.total_weight
+        with np.errstate(invalid="ignore", over="ignore"):  # non-finite values are reported below
+            g = tot[:d1] * inv_w
+            g[:-1] += self.l2 * theta[:-1]
+            value = float(tot[-2]) * inv_w + self.penalty(theta)
+            h = None
+            if with_hessian:
+                h = tot[d1 : 2 * d1] * inv_w
+                h[:-1] += self.l2
+        finite = tot[-1] == 0.0 and np.isfinite(value) and bool(np.isfinite(g).all())
+        return Evaluation(value, g, h, bool(finite), problem)
+
+    def value(self, theta: np.ndarray) -> float:
+        """f(θ) alone: a loss-only pass and one scalar AllReduce; raises if not finite."""
+        loss, problem = self._local(theta, EMPTY, EMPTY)
+        tot = self.comm.allreduce_scalars([loss, 0.0 if problem is None else 1.0])
+        value = tot[0] / self.inputs.total_weight + self.penalty(theta)
+        if tot[1] != 0.0 or not np.isfinite(value):
+            raise DivergenceError(
+                "non-finite training objective at the final weights: "
+                + (problem or "reported by another rank (see its error)")
+            )
+        return value

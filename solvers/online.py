@@ -1,0 +1,166 @@
+"""The ``online`` solver: online passes (Algorithm 1 of the terascale paper, see
+:mod:`solvers.kernels.online`) with per-coordinate weighted averaging across ranks after each
+pass (:mod:`solvers.averaging`). :class:`OnlineLearner` and :func:`run_online_phase` are
+reused by the hybrid solver.
+
+Online passes minimize the loss term only: the L2 penalty is not applied in the updates (with
+CTR-scale λ its effect over a pass is negligible; L-BFGS then solves the regularized problem).
+The ``objective`` of an online pass is therefore not computed (None); the result's objective
+is evaluated once, at the returned weights.
+
+Divergence: a non-finite margin, squared gradient or weight on any rank, or an exploding loss
+(the pass's progressive loss above EXPLODING_FACTOR times the loss of the all-zero model),
+raises DivergenceError on every rank.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from solvers.averaging import average_online_state
+from solvers.errors import DivergenceError
+from solvers.kernels.online import (
+    BAD_MARGIN,
+    OK,
+    G,
+    W,
+    new_state,
+    online_pass,
+    restore_normalizers,
+    zero_model_loss_sum,
+)
+from solvers.objective import row_chunks
+from solvers.registry import register_solver
+from solvers.run import TrainResult, TrainRun
+
+EXPLODING_FACTOR = 1e6
+
+
+class OnlineLearner:
+    """This rank's online state: the float32 table (w, G, s per feature) and totals [t, N]."""
+
+    def __init__(self, run: TrainRun):
+        self.run = run
+        self.table = new_state(run.n_features)
+        self.table[:, W] = run.initial_theta()
+        self.totals = np.zeros(2, dtype=np.float64)
+        s = run.inputs.train
+        self.zero_loss = zero_model_loss_sum(s.labels, s.weights, run.loss_id)
+
+    def theta(self) -> np.ndarray:
+        """Current weights as float64 [β, b]."""
+        return self.table[:, W].astype(np.float64)
+
+    def restore(self, saved: dict) -> np.ndarray:
+        """Load an online checkpoint; recompute this rank's normalizers from its data."""
+        self.table[:-1, W] = saved["weights"]
+        self.table[-1, W] = saved["intercept"]
+        self.table[:, G] = saved["G"]
+        self.totals[:] = (saved["online_t"], saved["online_N"])
+        if saved["pass"] > 0:
+            shard = self.run.inputs.train
+            restore_normalizers(shard.indptr, shard.indices, shard.values, shard.weights, self.table)
+        return self.theta()
+
+    def _local_pass(self, pass_number: int) -> tuple[float, float, str | None]:
+        """The kernel over this rank's shard in chunks of CHUNK_ROWS (progress between them)."""
+        run, s = self.run, self.run.inputs.train
+        order = run.shuffle_order(pass_number)
+        loss_sum = weight_sum = 0.0
+        status, row = OK, -1
+        for start, stop in row_chunks(s.n_rows):
+            loss_sum, weight_sum, status, row = online_pass(
+                s.indptr, s.indices, s.values, s.labels, s.weights, order, self.table, self.totals,
+                run.loss_id, run.params.learning_rate, run.params.invariant, start, stop,
+                loss_sum, weight_sum,
+            )
+            if status != OK:
+                break
+            if run.report_rows is not None:
+                run.report_rows(stop)
+        problem = None
+        if status == BAD_MARGIN:
+            problem = f"rank {run.comm.rank}: non-finite margin at row {row}"
+        elif status != OK:
+            problem = f"rank {run.comm.rank}: non-finite update at row {row}"
+        elif not np.isfinite(self.table[:, W]).all():
+            problem = f"rank {run.comm.rank}: non-finite weights after the pass"
+        return loss_sum, weight_sum, problem
+
+    def run_pass(self, pass_number: int) -> np.ndarray:
+        """One pass + averaging + the tracker's pass record; returns the averaged θ."""
+        run = self.run
+        loss_sum, weight_sum, problem = self._local_pass(pass_number)
+        n_bad = average_online_state(run.comm, self.table, problem is not None)
+        where = f"in online pass {pass_number} (learning_rate = {run.params.learning_rate})"
+        if n_bad:
+            raise DivergenceError(
+                f"diverged {where}: " + (problem or f"{n_bad} rank(s) reported non-finite values")
+            )
+        if not np.isfinite(self.table[:, W]).all():
+            raise DivergenceError(f"diverged {where}: the averaged weights are not finite")
+        theta = self.theta()
+        entry, sums = run.tracker.finish_pass(
+            "online", theta, objective=None, grad_norm=None, step=None,
+            sums=[self.totals[0], self.totals[1], loss_sum, weight_sum, self.zero_loss],
+        )
+        k = float(run.comm.size)
+        self.totals[:] = (sums[0] / k, sums[1] / k)
+        progressive = float(sums[2] / sums[3]) if sums[3] > 0 else None
+        entry["progressive_loss"] = progressive
+        zero = float(sums[4] / sums[3]) if sums[3] > 0 else 0.0
+        if progressive is not None and progressive > EXPLODING_FACTOR * max(zero, 1e-12):
+            raise DivergenceError(
+                f"diverged {where}: exploding loss, the progressive loss {progressive:.6g} is "
+                f"more than {EXPLODING_FACTOR:g} times the all-zero model's {zero:.6g}"
+            )
+        return theta
+
+    def checkpoint(self, theta: np.ndarray, stop_reason: str | None) -> None:
+        self.run.checkpoint(
+            "online", theta, stop_reason,
+            arrays={"weights": self.table[:-1, W], "G": self.table[:, G]},
+            scalars={"online_t": float(self.totals[0]), "online_N": float(self.totals[1])},
+        )
+
+
+def run_online_phase(run: TrainRun, learner: OnlineLearner, first: int, last: int) -> tuple[np.ndarray, str | None]:
+    """Online passes ``first..last`` (1-based, inclusive); returns (θ, stop reason or None)."""
+    theta = learner.theta()
+    for p in range(first, last + 1):
+        theta = learner.run_pass(p)
+        stop = None
+        if run.tracker.should_stop:
+            stop = "early_stop"
+        elif p >= run.params.passes:
+            stop = "max_passes"
+        learner.checkpoint(theta, stop)
+        if stop:
+            return theta, stop
+    return theta, None
+
+
+def resumed_stop(run: TrainRun) -> str | None:
+    """The stop reason of the resume state if the run is over (a "max_passes" stop is not
+    final when this run allows more passes)."""
+    saved = run.resume
+    if saved is None or saved["stop_reason"] is None:
+        return None
+    if saved["stop_reason"] == "max_passes" and saved["pass"] < run.params.passes:
+        return None
+    return saved["stop_reason"]
+
+
+@register_solver("online")
+def train_online(run: TrainRun) -> TrainResult:
+    learner = OnlineLearner(run)
+    first = 1
+    theta = learner.theta()
+    if run.resume is not None:
+        theta = learner.restore(run.resume)
+        first = run.resume["pass"] + 1
+        stop = resumed_stop(run)
+        if stop:
+            return run.finish(theta, None, stop)
+    theta, stop = run_online_phase(run, learner, first, run.params.passes)
+    return run.finish(theta, None, stop or "max_passes")

@@ -1,0 +1,48 @@
+"""The solver registry: a name -> solver function table that modules add to on import.
+
+A solver is ``fn(run: TrainRun) -> TrainResult`` (see :mod:`solvers.run`); it gets the
+validated data, the communicator, the parameters, the distributed objective, the pass tracker
+(history, timings, held-out loss, early stopping, checkpoints) and the resume state. Register
+one with::
+
+    from solvers.registry import register_solver
+
+    @register_solver("cocoa")
+    def train_cocoa(run): ...
+
+``solvers.api`` imports the built-in solvers ("online", "lbfgs", "hybrid"); a plugin module
+must be imported before ``train`` is called with its name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+SolverFn = Callable[[Any], Any]
+
+SOLVERS: dict[str, SolverFn] = {}
+
+
+def register_solver(name: str, *, replace: bool = False) -> Callable[[SolverFn], SolverFn]:
+    """Decorator registering ``fn`` under ``name`` (a second registration needs ``replace``)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"solver name must be a non-empty string, got {name!r}")
+
+    def add(fn: SolverFn) -> SolverFn:
+        if name in SOLVERS and SOLVERS[name] is not fn and not replace:
+            raise ValueError(f"solver {name!r} is already registered ({SOLVERS[name]!r})")
+        SOLVERS[name] = fn
+        return fn
+
+    return add
+
+
+def get_solver(name: str) -> SolverFn:
+    try:
+        return SOLVERS[name]
+    except KeyError:
+        raise ValueError(
+            f"solver params: solver = {name!r}: must be one of the registered solvers "
+            f"{sorted(SOLVERS)}"
+        ) from None

@@ -1,0 +1,83 @@
+"""Checkpoint states: what ``on_pass_end`` receives and ``train(resume=...)`` accepts.
+
+A state is a flat dict of numpy arrays and JSON-able values. Its arrays are *views* of the
+solver's live state, valid only during the ``on_pass_end`` call (a checkpoint writer stores
+them right away; copying the L-BFGS pairs on every rank every pass would cost
+2·m·(d+1)·4 bytes each time): use :func:`copy_state` to keep one. It is the same on every rank: weights, accumulated squared gradients, L-BFGS pairs,
+history and totals all come out of AllReduce results; the only rank-local online state, the
+per-feature normalizers s_j = max |x_j|, is a function of the rank's data and is recomputed on
+resume; shuffles are seeded by (seed, rank, pass), so there is no RNG state to keep.
+
+Keys: ``version``, ``params`` (dict), ``n_features``, ``phase`` ("online" | "lbfgs" | a
+plugin's), ``pass`` (passes completed), ``stop_reason`` (None while the run should go on), ``weights``
+(float32 online / float64 L-BFGS, length n_features), ``intercept``, ``history``,
+``elapsed_s``, the early-stopping record ``best_theta`` / ``best_holdout_loss`` /
+``best_objective`` / ``best_pass`` / ``stale_passes``, and the phase's own keys (``G``,
+``online_t``, ``online_N``; ``lbfgs_*``). :func:`split_arrays` separates arrays from the rest
+for storage (e.g. ``np.savez`` + JSON).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from solvers.params import SolverParams
+
+STATE_VERSION = 1
+
+#: Parameters a resumed run must share with the run that wrote the state (the others, e.g.
+#: passes, tol and early_stop_passes, may change).
+RESUME_INVARIANT = ("solver", "loss", "l2", "learning_rate", "online_passes", "lbfgs_memory",
+                    "seed", "shuffle", "invariant")
+
+
+def build_state(params: SolverParams, n_features: int, phase: str, theta: np.ndarray,
+                stop_reason: str | None, tracker_state: dict[str, Any],
+                arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "version": STATE_VERSION,
+        "params": params.to_json(),
+        "n_features": int(n_features),
+        "phase": phase,
+        "pass": len(tracker_state["history"]),
+        "stop_reason": stop_reason,
+        "weights": theta[:-1],
+        "intercept": float(theta[-1]),
+    }
+    state.update(tracker_state)
+    state.update(arrays)
+    state.update(scalars)
+    return state
+
+
+def copy_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a state that stays valid after ``on_pass_end`` returns."""
+    out = {k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v) for k, v in state.items()}
+    out["history"] = [dict(e) for e in state["history"]]
+    out["params"] = dict(state["params"])
+    return out
+
+
+def check_resume(state: dict[str, Any], params: SolverParams, n_features: int) -> None:
+    """Raise ValueError naming the first key that makes ``state`` unusable for this run."""
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(f"resume state: version = {state.get('version')!r}: must be {STATE_VERSION}")
+    if int(state["n_features"]) != n_features:
+        raise ValueError(
+            f"resume state: n_features = {state['n_features']}: the data has {n_features}"
+        )
+    saved = state["params"]
+    for name in RESUME_INVARIANT:
+        if saved.get(name) != getattr(params, name):
+            raise ValueError(
+                f"resume state: params.{name} = {saved.get(name)!r} differs from this run's "
+                f"{getattr(params, name)!r}"
+            )
+
+
+def split_arrays(state: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(the numpy arrays, everything else) of a state; ``{**arrays, **rest}`` rebuilds it."""
+    arrays = {k: v for k, v in state.items() if isinstance(v, np.ndarray)}
+    return arrays, {k: v for k, v in state.items() if k not in arrays}

@@ -1,0 +1,108 @@
+"""Shared helpers of the solver tests: generated problems, shard splitting, a real AllReduce
+tree in threads, and numpy references of the objective."""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from allreduce.communicator import LocalCommunicator
+from solvers.api import SolverParams, train
+from solvers.data import CSRData
+from solvers.state import copy_state
+from tests.allreduce.harness import run_tree
+
+# Real TreeNodes, but chunks big enough that small vectors go in a few frames, and timeouts
+# that tolerate a numba compile on another thread.
+TREE_NODE_KWARGS = {"chunk_bytes": 4096, "io_timeout_s": 60.0}
+
+
+def planted_problem(n: int = 600, d: int = 40, density: float = 0.15, seed: int = 0,
+                    loss: str = "logistic", weighted: bool = False) -> CSRData:
+    """Random sparse rows (values in ±[0.5, 2]) with labels from a planted linear model."""
+    rng = np.random.default_rng(seed)
+    x = sp.random(n, d, density=density, random_state=rng, format="csr",
+                  data_rvs=lambda k: rng.uniform(0.5, 2.0, k) * rng.choice([-1.0, 1.0], k))
+    beta = rng.normal(0.0, 1.0, d)
+    m = x @ beta - 0.3
+    if loss == "squared":
+        y = m + 0.3 * rng.normal(size=n)
+    else:
+        y = (rng.random(n) < 1.0 / (1.0 + np.exp(-m))).astype(np.float64)
+    w = rng.uniform(0.5, 2.0, n) if weighted else None
+    return CSRData.from_scipy(x, y, weights=w, n_features=d)
+
+
+def row_slice(data: CSRData, lo: int, hi: int) -> CSRData:
+    a, b = int(data.indptr[lo]), int(data.indptr[hi])
+    return CSRData(data.indptr[lo : hi + 1] - a, data.indices[a:b].copy(), data.values[a:b].copy(),
+                   data.labels[lo:hi].copy(), data.weights[lo:hi].copy(), data.n_features)
+
+
+def split_rows(data: CSRData, k: int, empty_rank: int | None = None) -> list[CSRData]:
+    """k contiguous row blocks of uneven size; ``empty_rank`` gets no rows."""
+    owners = [r for r in range(k) if r != empty_rank]
+    cuts = np.linspace(0, data.n_rows, len(owners) + 1).astype(int)
+    cuts[1:-1] += np.arange(1, len(owners)) * 3  # uneven
+    shards = {r: row_slice(data, int(cuts[i]), int(cuts[i + 1])) for i, r in enumerate(owners)}
+    return [shards.get(r, CSRData.empty(data.n_features)) for r in range(k)]
+
+
+def train_on_tree(shards: list[CSRData], params: SolverParams, holdouts=None, **kwargs):
+    """Train with one real TreeNode per shard (threads on 127.0.0.1); results per rank."""
+    k = len(shards)
+
+    def body(node):
+        hold = holdouts[node.rank] if holdouts is not None else None
+        return train(shards[node.rank], node, params, holdout=hold, **kwargs)
+
+    return run_tree(k, body, node_kwargs=TREE_NODE_KWARGS, timeout=120.0).results
+
+
+def keep(states: list):
+    """An on_pass_end callback appending a copy of every state to ``states``."""
+    return lambda state: states.append(copy_state(state))
+
+
+def train_local(data: CSRData, params: SolverParams, **kwargs):
+    return train(data, LocalCommunicator(), params, **kwargs)
+
+
+def objective_np(data: CSRData, weights: np.ndarray, intercept: float, l2: float,
+                 loss: str = "logistic") -> float:
+    """The mean-form objective in numpy float64 (the slow, obvious reference)."""
+    x = data.to_scipy().astype(np.float64)
+    m = x @ np.asarray(weights, dtype=np.float64) + intercept
+    y = data.labels.astype(np.float64)
+    if loss == "logistic":
+        per_row = np.logaddexp(0.0, m) - y * m
+    elif loss == "squared":
+        per_row = 0.5 * (m - y) ** 2
+    else:
+        per_row = np.maximum(0.0, 1.0 - (2.0 * y - 1.0) * m)
+    h = data.weights.astype(np.float64)
+    beta = np.asarray(weights, dtype=np.float64)
+    return float(np.sum(h * per_row) / np.sum(h) + 0.5 * l2 * beta @ beta)
+
+
+def sklearn_logistic(data: CSRData, l2: float):
+    """scikit-learn's optimum of the same objective: C = 1/(n·λ), intercept unpenalized."""
+    from sklearn.linear_model import LogisticRegression
+
+    clf = LogisticRegression(C=1.0 / (data.n_rows * l2), tol=1e-12, max_iter=100_000)
+    clf.fit(data.to_scipy().astype(np.float64), data.labels)
+    return clf.coef_[0], float(clf.intercept_[0])
+
+
+def ridge_closed_form(data: CSRData, l2: float):
+    """Solve the normal equations of the weighted mean-form ridge with unpenalized intercept."""
+    import scipy.linalg
+
+    x = np.hstack([data.to_scipy().toarray().astype(np.float64), np.ones((data.n_rows, 1))])
+    h = data.weights.astype(np.float64)
+    hsum = h.sum()
+    a = (x.T * h) @ x / hsum
+    a[:-1, :-1] += l2 * np.eye(data.n_features)
+    rhs = (x.T * h) @ data.labels.astype(np.float64) / hsum
+    sol = scipy.linalg.solve(a, rhs, assume_a="sym")
+    return sol[:-1], float(sol[-1])

@@ -1,0 +1,99 @@
+"""K ranks over real TreeNodes (threads on 127.0.0.1) against the single-process twin:
+the same L-BFGS optimum for K = 1, 2, 4 (one rank empty too), bit-identical results on every
+rank, and the online weighted average against a numpy reference of its formula."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from solvers.api import SolverParams
+from solvers.kernels.losses import LOSS_IDS
+from solvers.kernels.online import G, W, new_state, online_pass
+from solvers.shard import Shard
+from tests.solvers.helpers import keep, planted_problem, split_rows, train_local, train_on_tree
+
+L2 = 1e-3
+
+
+def _assert_identical_on_all_ranks(results):
+    first = results[0]
+    for r, res in enumerate(results[1:], start=1):
+        assert res.weights.tobytes() == first.weights.tobytes(), f"rank {r} weights differ"
+        assert res.intercept == first.intercept and res.objective == first.objective, r
+        assert res.history == first.history, f"rank {r} history differs"
+        assert res.stop_reason == first.stop_reason
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return planted_problem(n=900, d=50, seed=31, weighted=True)
+
+
+@pytest.fixture(scope="module")
+def single(problem):
+    return train_local(problem, SolverParams(solver="lbfgs", l2=L2, tol=1e-12, passes=200))
+
+
+@pytest.mark.parametrize("k,empty", [(1, None), (2, None), (4, None), (4, 2)])
+@pytest.mark.parametrize("solver", ["lbfgs", "hybrid"])
+def test_same_optimum_for_any_number_of_ranks(problem, single, k, empty, solver):
+    shards = split_rows(problem, k, empty_rank=empty)
+    results = train_on_tree(shards, SolverParams(solver=solver, l2=L2, tol=1e-12, passes=200))
+    _assert_identical_on_all_ranks(results)
+    res = results[0]
+    assert res.objective == pytest.approx(single.objective, rel=1e-10)
+    np.testing.assert_allclose(res.weights, single.weights, rtol=1e-4, atol=1e-5)
+    for entry in res.history:
+        assert len(entry["compute_s"]) == len(entry["stall_s"]) == len(entry["transfer_s"]) == k
+        assert min(entry["compute_s"] + entry["stall_s"] + entry["transfer_s"]) >= 0.0
+
+
+def _local_first_pass(shard, params):
+    s = Shard.from_csr(shard)
+    state = new_state(shard.n_features)
+    online_pass(s.indptr, s.indices, s.values, s.labels, s.weights, np.zeros(0, np.int64), state,
+                np.zeros(2), LOSS_IDS[params.loss], params.learning_rate, params.invariant, 0,
+                s.n_rows, 0.0, 0.0)
+    return state
+
+
+def test_online_weighted_average_matches_the_formula(problem):
+    """After one pass: w = Σ_k G_k⊙w_k / Σ_k G_k (0 where no rank has G), G = mean of G_k."""
+    k = 3
+    params = SolverParams(solver="online", l2=L2, passes=1)
+    shards = split_rows(problem, k)
+    states = []
+    results = train_on_tree(shards, params, on_pass_end=keep(states))
+    _assert_identical_on_all_ranks(results)
+    local = [_local_first_pass(s, params).astype(np.float64) for s in shards]
+    num = sum(st[:, G] * st[:, W] for st in local)
+    den = sum(st[:, G] for st in local)
+    expected = np.divide(num, den, out=np.zeros_like(num), where=den > 0)
+    got = np.append(results[0].weights, results[0].intercept)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-9)
+    assert (got[den == 0] == 0).all()
+    state = states[0]  # one callback per rank; all equal
+    np.testing.assert_allclose(state["G"], den / k, rtol=1e-6)
+    for other in states[1:]:
+        assert other["G"].tobytes() == state["G"].tobytes()
+
+
+def test_untouched_coordinates_stay_zero():
+    data = planted_problem(n=200, d=30, seed=32)
+    x = data.to_scipy().tolil()
+    x[:, 7] = 0  # feature 7 never occurs
+    from solvers.data import CSRData
+
+    data = CSRData.from_scipy(x.tocsr(), data.labels, n_features=30)
+    res = train_on_tree(split_rows(data, 2), SolverParams(solver="online", passes=2))[0]
+    assert res.weights[7] == 0.0
+
+
+def test_hybrid_with_holdout_bit_identical_on_every_rank(problem):
+    holdout = planted_problem(n=300, d=50, seed=33)
+    k = 4
+    results = train_on_tree(split_rows(problem, k), SolverParams(l2=L2, passes=8),
+                            holdouts=split_rows(holdout, k))
+    _assert_identical_on_all_ranks(results)
+    assert all("holdout_loss" in e for e in results[0].history)

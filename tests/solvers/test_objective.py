@@ -1,0 +1,121 @@
+"""The distributed objective and its kernel: gradient and Hessian diagonal against finite
+differences for every loss (intercept included), the numpy reference, prediction, and
+non-finite detection."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from allreduce.communicator import LocalCommunicator
+from solvers.errors import DivergenceError
+from solvers.kernels.losses import LOSS_IDS
+from solvers.kernels.objective import BAD_MARGIN, OK, loss_grad_hess
+from solvers.objective import DistributedObjective
+from solvers.predict import decision_function, predict_proba
+from solvers.setup import Inputs
+from solvers.shard import Shard
+from tests.solvers.helpers import objective_np, planted_problem
+
+L2 = 0.03
+
+
+def _objective(data, loss, l2=L2):
+    comm = LocalCommunicator()
+    inputs = Inputs(0, data, None, loss)
+    inputs.agree(comm)
+    return DistributedObjective(inputs, comm, LOSS_IDS[loss], l2)
+
+
+def _theta(d, seed=3):
+    return np.random.default_rng(seed).normal(0.0, 0.5, d + 1)
+
+
+@pytest.mark.parametrize("loss", sorted(LOSS_IDS))
+def test_value_matches_numpy_reference(loss):
+    data = planted_problem(n=300, d=25, seed=1, loss=loss, weighted=True)
+    theta = _theta(25)
+    got = _objective(data, loss).evaluate(theta).value
+    assert got == pytest.approx(objective_np(data, theta[:-1], theta[-1], L2, loss), rel=1e-12)
+
+
+@pytest.mark.parametrize("loss", sorted(LOSS_IDS))
+def test_gradient_matches_finite_differences(loss):
+    data = planted_problem(n=300, d=25, seed=2, loss=loss, weighted=True)
+    obj = _objective(data, loss)
+    theta = _theta(25)
+    grad = obj.evaluate(theta).grad
+    eps = 1e-6
+    fd = np.empty_like(theta)
+    for j in range(theta.shape[0]):  # the last coordinate is the intercept
+        e = np.zeros_like(theta)
+        e[j] = eps
+        fd[j] = (obj.evaluate(theta + e).value - obj.evaluate(theta - e).value) / (2 * eps)
+    # the hinge kink: a row within eps of margin 1 would spoil its difference; the data has none
+    np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-8)
+    assert grad[-1] != 0.0
+
+
+@pytest.mark.parametrize("loss", ["logistic", "squared"])
+def test_hessian_diagonal_matches_finite_differences(loss):
+    data = planted_problem(n=300, d=25, seed=4, loss=loss, weighted=True)
+    obj = _objective(data, loss)
+    theta = _theta(25)
+    hess = obj.evaluate(theta, with_hessian=True).hess_diag
+    eps = 1e-5
+    fd = np.empty_like(theta)
+    for j in range(theta.shape[0]):
+        e = np.zeros_like(theta)
+        e[j] = eps
+        fd[j] = (obj.evaluate(theta + e).grad[j] - obj.evaluate(theta - e).grad[j]) / (2 * eps)
+    np.testing.assert_allclose(hess, fd, rtol=1e-6, atol=1e-9)
+    assert hess[-1] == pytest.approx(fd[-1]) and hess[-1] > 0  # intercept: no penalty
+
+
+def test_hinge_hessian_is_the_penalty_only():
+    data = planted_problem(n=100, d=10, seed=5, loss="hinge")
+    hess = _objective(data, "hinge").evaluate(_theta(10), with_hessian=True).hess_diag
+    np.testing.assert_array_equal(hess, np.r_[np.full(10, L2), 0.0])
+
+
+def test_empty_shard_contributes_nothing():
+    data = planted_problem(n=50, d=6, seed=6)
+    s = Shard.from_csr(data.empty(6))
+    grad = np.zeros(7)
+    hess = np.zeros(7)
+    assert loss_grad_hess(s.indptr, s.indices, s.values, s.labels, s.weights, _theta(6), 0, grad, hess, 0, 0, 0.0) == (0.0, OK, -1)
+    assert not grad.any() and not hess.any()
+
+
+def test_non_finite_margin_is_reported_with_its_row():
+    data = planted_problem(n=40, d=6, seed=7)
+    s = Shard.from_csr(data)
+    feature = int(s.indices[s.indptr[5]])  # the first feature of row 5
+    theta = np.zeros(7)
+    theta[feature] = np.inf
+    first = next(r for r in range(40) if feature in s.indices[s.indptr[r] : s.indptr[r + 1]])
+    _, status, row = loss_grad_hess(s.indptr, s.indices, s.values, s.labels, s.weights, theta, 0,
+                                    np.zeros(7), np.zeros(0), 0, s.n_rows, 0.0)
+    assert status == BAD_MARGIN and row == first
+    ev = _objective(data, "logistic", l2=0.0).evaluate(theta)
+    assert not ev.finite
+    with pytest.raises(DivergenceError, match=f"rank 0: non-finite margin at row {first}"):
+        ev.raise_if_not_finite("at the test point")
+
+
+def test_squared_loss_overflow_is_detected():
+    data = planted_problem(n=20, d=4, seed=8, loss="squared")
+    theta = np.full(5, 1e300)
+    obj = _objective(data, "squared")
+    assert not obj.evaluate(theta).finite
+    with pytest.raises(DivergenceError, match="non-finite"):
+        obj.value(theta)
+
+
+def test_prediction_matches_scipy():
+    data = planted_problem(n=80, d=12, seed=9)
+    w = np.random.default_rng(0).normal(size=12).astype(np.float32)
+    m = decision_function(data, w, 0.25)
+    np.testing.assert_allclose(m, data.to_scipy() @ w.astype(np.float64) + 0.25, rtol=1e-6)
+    p = predict_proba(data, w * 1e4, 0.0)  # huge margins: no overflow, p in [0, 1]
+    assert np.isfinite(p).all() and p.min() >= 0.0 and p.max() <= 1.0
