@@ -34,7 +34,7 @@ from allreduce.server import TreeServer
 log = logging.getLogger("terascale.allreduce")
 
 
-_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Failure|Interrupt)): ?(.*)$")
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*[a-z]\w*: \S.*$")  # "pkg.mod.SomeError: message"
 _BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\) finished unsuccessfully\.\s*\n([^\n]*)")
 _LOST_TASK = re.compile(r"Lost task (\d+)\.\d+ in stage \S+ \(TID \d+\) \(([^)]*)\): ([^\n]*)")
 _JVM_PREFIXES = ("org.apache.spark", "py4j", "java.", "scala.")
@@ -99,6 +99,7 @@ class BarrierTask:
     _server: tuple[str, int] = field(repr=False, default=("", 0))
     _key: bytes = field(repr=False, default=b"")
     _session: ServerSession | None = field(repr=False, default=None)
+    _joined: bool = field(repr=False, default=False)
 
     def session(self) -> ServerSession:
         if self._session is None:
@@ -111,7 +112,12 @@ class BarrierTask:
         return self._session
 
     def heartbeat(self, rows_done: int) -> None:
-        """Report first-pass progress; raises StandDown if another attempt of the shard won."""
+        """Report first-pass progress; raises StandDown if another attempt of the shard won.
+
+        A no-op once this task has joined the tree (its shard is won, by this attempt).
+        """
+        if self._joined:
+            return
         s = self.session()
         if s.stand_down_requested():
             raise StandDown(self.shard, self.attempt_id, "another attempt of this shard registered first")
@@ -121,6 +127,7 @@ class BarrierTask:
         """Register as this shard's survivor and link up with the tree (raises StandDown)."""
         n = self.net
         session, self._session = self.session(), None
+        self._joined = True
         return TreeNode.join(
             self._server, self._key, shard=self.shard, attempt_id=self.attempt_id, host=self.host,
             chunk_bytes=n.chunk_bytes, connect_timeout_s=n.connect_timeout_s,
@@ -199,8 +206,13 @@ class BarrierResult:
 
 
 def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: NetConf,
-                max_attempts: int = 3, server_host: str = "", job_name: str = "terascale barrier") -> BarrierResult:
-    """Run ``task_fn`` on ``num_shards`` workers + ``spares`` spares; retry failed attempts."""
+                max_attempts: int = 3, server_host: str = "", job_name: str = "terascale barrier",
+                no_retry: tuple[str, ...] = ()) -> BarrierResult:
+    """Run ``task_fn`` on ``num_shards`` workers + ``spares`` spares; retry failed attempts.
+
+    A failure whose summary names one of the exception class names in ``no_retry`` (errors a
+    new attempt would only repeat, e.g. invalid input) fails the job at once.
+    """
     preflight(spark, num_shards + spares, f"{num_shards} workers + {spares} spares")
     sc = spark.sparkContext
     host = server_host or sc.getConf().get("spark.driver.host", "127.0.0.1")
@@ -226,12 +238,16 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
                 why = spark_error_summary(e)
                 attempts.append({"attempt": attempt, "seconds": time.perf_counter() - t0, "outcome": "failed", "error": why})
                 log.warning("%s: attempt %d failed: %s", job_name, attempt + 1, why)
+                if any(name in why for name in no_retry):
+                    raise BarrierError(f"{job_name}: {why}") from None
                 continue
             finally:
                 sc.setJobDescription(None)
         survivors = sorted((t for t in tasks if t["outcome"] == "survivor"), key=lambda t: t["shard"])
         if [t["shard"] for t in survivors] != list(range(num_shards)):
-            why = f"survivors for shards {[t['shard'] for t in survivors]}, expected 0..{num_shards - 1}"
+            outcomes = ", ".join(f"task {t['task']} {t['outcome']}" + (f" on shard {t['shard']}" if t.get("shard") is not None else "")
+                                 for t in tasks)
+            why = f"survivors for shards {[t['shard'] for t in survivors]}, expected 0..{num_shards - 1} ({outcomes})"
             attempts.append({"attempt": attempt, "seconds": time.perf_counter() - t0, "outcome": "failed", "error": why})
             log.warning("%s: attempt %d failed: %s", job_name, attempt + 1, why)
             continue

@@ -113,6 +113,75 @@ def cmd_featurize(args) -> int:
     return 0
 
 
+def train(cfg, data_dir: str, model_dir: str) -> dict:
+    from jobs.session import get_spark
+    from jobs.train_job import run_train
+
+    return run_train(get_spark(cfg.spark), cfg, data_dir, model_dir)
+
+
+def train_summary(meta: dict) -> str:
+    h = meta["history"]
+    last = h[-1] if h else {}
+    ranks = meta["per_rank"]
+    return "\n".join([
+        f"  solver             {meta['config']['train']['solver']} ({len(ranks)} workers), loss {meta['config']['train']['loss']}, l2 {meta['config']['train']['l2']:g}",
+        f"  rows               {meta['data']['train_rows']:,} train + {meta['data']['holdout_rows']:,} held out",
+        f"  passes             {len(h)}; final objective {meta['objective']:.6f}"
+        + (f"; held-out loss {last['holdout_loss']:.6f}" if last.get("holdout_loss") is not None else ""),
+        f"  time in job        {meta['train_seconds']:.2f} s (attempts: {len(meta['attempts'])})",
+    ])
+
+
+def cmd_train(args) -> int:
+    cfg = _resolve(args)
+    meta = train(cfg, args.input, args.model)
+    print(f"trained {args.model}")
+    print(train_summary(meta))
+    return 0
+
+
+def metrics_summary(r: dict) -> str:
+    return "\n".join([
+        f"  rows                {r['rows']:,}",
+        f"  logloss             {r['logloss']:.6f}",
+        f"  normalized entropy  {r['normalized_entropy']:.6f}",
+        f"  auROC               {r['auroc']:.6f}",
+        f"  auPRC               {r['auprc']:.6f}",
+        f"  calibration         {r['calibration']:.4f} (mean prediction {r['mean_prediction']:.4f} / positive rate {r['positive_rate']:.4f})",
+    ])
+
+
+def evaluate(cfg, data_dir: str, model_dir: str) -> dict:
+    from jobs.scoring import evaluate as run
+    from jobs.session import get_spark
+
+    return run(get_spark(cfg.spark), data_dir, model_dir)
+
+
+def cmd_evaluate(args) -> int:
+    cfg = _resolve(args)
+    r = evaluate(cfg, args.input, args.model)
+    print(f"evaluated {args.model} on {args.input}")
+    print(metrics_summary(r))
+    if args.out:
+        from pipeline.fsutil import write_json_atomic
+
+        write_json_atomic(args.out, r)
+        print(f"metrics written to {args.out}")
+    return 0
+
+
+def cmd_predict(args) -> int:
+    from jobs.scoring import predict
+    from jobs.session import get_spark
+
+    cfg = _resolve(args)
+    m = predict(get_spark(cfg.spark), args.input, args.model, args.output, tuple(cfg.predict.keep_columns))
+    print(f"wrote {m['rows']:,} predictions ({m['column']}) in {len(m['files'])} files -> {args.output}")
+    return 0
+
+
 def cmd_config(args) -> int:
     if args.defaults:
         sys.stdout.write(render_yaml())
@@ -151,6 +220,26 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--output", required=True, metavar="DIR", help="dataset directory")
     _add_conf_args(f)
     f.set_defaults(fn=cmd_featurize)
+
+    t = sub.add_parser("train", help="train a model on a featurized dataset (Spark barrier stage)")
+    t.add_argument("--input", required=True, metavar="DATA_DIR", help="featurized dataset")
+    t.add_argument("--model", required=True, metavar="MODEL_DIR", help="model directory to write")
+    _add_conf_args(t)
+    t.set_defaults(fn=cmd_train)
+
+    e = sub.add_parser("evaluate", help="logloss, auROC, auPRC, normalized entropy, calibration")
+    e.add_argument("--input", required=True, metavar="DATA_DIR")
+    e.add_argument("--model", required=True, metavar="MODEL_DIR")
+    e.add_argument("--out", metavar="FILE", help="also write the metrics as JSON")
+    _add_conf_args(e)
+    e.set_defaults(fn=cmd_evaluate)
+
+    pr = sub.add_parser("predict", help="score a featurized dataset into Parquet")
+    pr.add_argument("--input", required=True, metavar="DATA_DIR")
+    pr.add_argument("--model", required=True, metavar="MODEL_DIR")
+    pr.add_argument("--output", required=True, metavar="DIR")
+    _add_conf_args(pr)
+    pr.set_defaults(fn=cmd_predict)
 
     c = sub.add_parser("config", help="print the resolved configuration (or the documented defaults)")
     c.add_argument("--defaults", action="store_true", help="print conf/defaults.yaml with help text")

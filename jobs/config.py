@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from solvers.params import SolverParams
+
 CRITEO_INT_FIELDS = tuple(f"I{k}" for k in range(1, 14))
 CRITEO_CAT_FIELDS = tuple(f"C{k}" for k in range(1, 27))
 CRITEO_FIELDS = CRITEO_INT_FIELDS + CRITEO_CAT_FIELDS
@@ -81,6 +83,8 @@ class SubsetOf:
         return all(x in self.options for x in v) and len(set(v)) == len(v)
 
     def describe(self) -> str:
+        if len(self.options) <= 6:
+            return "distinct names from " + ", ".join(self.options)
         return f"distinct names from {self.options[0]}..{self.options[-1]}"
 
 
@@ -171,11 +175,34 @@ class InjectConf:
     fail_mode: str = param("raise", "chaos drill: raise an exception or kill the process", OneOf(("raise", "kill")))
 
 
+_SP = SolverParams()  # the solvers' own defaults: declared once, there
+
+
 @dataclass(frozen=True)
 class TrainConf:
     workers: int = param(2, "K: number of shards and AllReduce ranks", Interval(1, 4096, integer=True))
     spares: int = param(0, "S: spare barrier tasks that race the slowest shard's first pass", Interval(0, 4096, integer=True))
     max_attempts: int = param(3, "driver-side attempts of the barrier stage (Spark does not retry it)", Interval(1, 100, integer=True))
+    solver: str = param(_SP.solver, "hybrid (online pass + weighted average, then L-BFGS), online, lbfgs, cocoa",
+                        OneOf(("hybrid", "online", "lbfgs", "cocoa")))
+    loss: str = param(_SP.loss, "logistic (labels 0/1), squared, hinge", OneOf(("logistic", "squared", "hinge")))
+    l2: float = param(_SP.l2, "lambda of the mean-form objective (1/sum w) sum w*loss + lambda/2 |beta|^2", Interval(0, None))
+    passes: int = param(_SP.passes, "maximum passes over the data, online passes included", Interval(1, 100000, integer=True))
+    online_passes: int = param(_SP.online_passes, "hybrid: online passes before L-BFGS starts", Interval(0, 100000, integer=True))
+    learning_rate: float = param(_SP.learning_rate, "online learning rate (Vowpal Wabbit's -l)", Interval(0, None, lo_open=True))
+    lbfgs_memory: int = param(_SP.lbfgs_memory, "L-BFGS correction pairs kept", Interval(1, 1000, integer=True))
+    tol: float = param(_SP.tol, "relative tolerance on the gradient norm and the objective change", Interval(0, 1))
+    early_stop_passes: int = param(_SP.early_stop_passes, "stop after this many passes without a better held-out loss (0: off)", Interval(0, 100000, integer=True))
+    holdout_period: int = param(10, "every Nth row of each shard is held out for early stopping (VW's --holdout_period); 0 = none", Interval(0, 1000000, integer=True))
+    seed: int = param(_SP.seed, "seed of any shuffling", Interval(0, 2**32 - 1, integer=True))
+    shuffle: bool = param(_SP.shuffle, "shuffle the rows of each online pass (off: stored order, like VW)")
+    invariant: bool = param(_SP.invariant, "importance-invariant online updates")
+    init_model: str = param("", "warm-start from this model directory (its feature spec must equal the data's)", Pattern(nonempty=False))
+    checkpoint_dir: str = param("", "per-pass checkpoints for retried attempts; '' = MODEL_DIR.checkpoint beside the model", Pattern(nonempty=False))
+    checkpoint_interval_s: float = param(
+        30.0, "checkpoint after a pass once this many seconds passed since the last one (0: after every pass); "
+        "a checkpoint holds the L-BFGS memory, 2 x lbfgs_memory x 2^bits floats", Interval(0, None))
+    inject: InjectConf = section(InjectConf, "fault injection for tests and chaos drills; off by default")
     inject: InjectConf = section(InjectConf, "fault injection for tests and chaos drills; off by default")
 
 
@@ -199,9 +226,16 @@ class SparkConf:
 
 
 @dataclass(frozen=True)
+class PredictConf:
+    keep_columns: tuple = param(("label",), "dataset columns copied next to the prediction",
+                                SubsetOf(("label", "weight", "indices", "values")))
+
+
+@dataclass(frozen=True)
 class Config:
     featurize: FeaturizeConf = section(FeaturizeConf, "raw click logs -> hashed Parquet")
     train: TrainConf = section(TrainConf, "distributed training")
+    predict: PredictConf = section(PredictConf, "the predict job")
     allreduce: AllreduceConf = section(AllreduceConf, "spanning-tree AllReduce")
     spark: SparkConf = section(SparkConf, "the Spark session")
 

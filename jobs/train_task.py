@@ -54,6 +54,7 @@ class TaskSpec:
     params: SolverParams
     holdout_period: int
     checkpoint_dir: str
+    checkpoint_interval_s: float
     staging_dir: str
     inject: Inject
     init_weights: str = ""  # a model directory to warm-start from ("" = none)
@@ -92,11 +93,15 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
     ctx.heartbeat(0)
     comm = LazyCommunicator(ctx.shard, ctx.num_shards, ctx.join)
 
+    last_saved = [time.monotonic()]
+
     def on_pass_end(state: dict) -> None:
         p = int(state["pass"])
         spec.inject.maybe_fail(ctx.shard, ctx.attempt, p)
-        if comm.rank == 0 and spec.checkpoint_dir:
+        due = time.monotonic() - last_saved[0] >= spec.checkpoint_interval_s
+        if comm.rank == 0 and spec.checkpoint_dir and due:
             checkpoint.save(spec.checkpoint_dir, p, state)
+            last_saved[0] = time.monotonic()
 
     progress = _progress_hook(ctx, spec, train_data.n_rows)
     with comm:

@@ -82,3 +82,5 @@ def test_spark_error_summary_names_task_and_cause():
                            "  File \"x.py\", line 1, in f\nValueError: boom in shard 1\n Consider")
     assert spark_error_summary(RuntimeError(raised)) == "task 1: ValueError: boom in shard 1"
     assert spark_error_summary(ValueError("plain")) == "plain"
+    peer = raised.replace("ValueError: boom in shard 1", "allreduce.errors.PeerLost: rank 1 closed the connection\n SQLSTATE: 38000")
+    assert spark_error_summary(RuntimeError(peer)) == "task 1: allreduce.errors.PeerLost: rank 1 closed the connection"

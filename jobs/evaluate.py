@@ -1,0 +1,21 @@
+"""Evaluate a model on a featurized dataset (a thin spark-submit entry point).
+
+    spark-submit --master local[4] jobs/evaluate.py \
+        --input data/test --model models/ctr --out metrics.json
+
+The same as ``terascale evaluate ...``; see ``terascale evaluate --help`` for the flags.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from jobs.cli import main as cli_main
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli_main(["evaluate", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""Score a featurized dataset with a model (a thin spark-submit entry point).
+
+    spark-submit --master local[4] jobs/predict.py \
+        --input data/test --model models/ctr --output predictions/
+
+The same as ``terascale predict ...``; see ``terascale predict --help`` for the flags.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from jobs.cli import main as cli_main
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli_main(["predict", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""evaluate and predict on Spark: tasks score row groups of a dataset with a model directory.
+
+Each task reads its row groups with pyarrow into CSR and scores them with the vectorized
+predictor (``solvers.predict``); the model's weights are loaded once per Python worker. evaluate
+merges small metric states on the driver; predict writes Parquet into attempt-private
+directories that the driver commits (files moved into place, then ``_manifest.json``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline import fsutil, modeldir
+from pipeline.dataset import ShardPart, plan_shards, read_csr
+from pipeline.manifest import MANIFEST, read_manifest
+
+log = logging.getLogger("terascale.scoring")
+_MODEL_CACHE: dict[str, tuple[np.ndarray, float, str]] = {}
+KEEPABLE = ("label", "weight", "indices", "values")
+
+
+def _model(model_dir: str) -> tuple[np.ndarray, float, str]:
+    if model_dir not in _MODEL_CACHE:
+        w, b, meta = modeldir.load_model(model_dir)
+        _MODEL_CACHE.clear()
+        _MODEL_CACHE[model_dir] = (w, b, meta["config"]["train"]["loss"])
+    return _MODEL_CACHE[model_dir]
+
+
+def _scores(csr, model_dir: str) -> np.ndarray:
+    from solvers.predict import decision_function, predict_proba
+
+    w, b, loss = _model(model_dir)
+    return predict_proba(csr, w, b) if loss == "logistic" else decision_function(csr, w, b)
+
+
+def _check(data_dir: str, model_dir: str) -> tuple[dict, dict]:
+    m = read_manifest(data_dir)
+    meta = modeldir.load_metadata(model_dir)
+    diff = modeldir.same_spec(meta["spec"], m["spec"])
+    if diff:
+        raise modeldir.ModelError(
+            f"model {model_dir} and dataset {data_dir} were featurized differently ({', '.join(diff)}); "
+            "re-featurize the data with the model's spec"
+        )
+    return m, meta
+
+
+def _groups(spark, data_dir: str, manifest: dict) -> list[list[ShardPart]]:
+    n = max(1, min(spark.sparkContext.defaultParallelism * 2, sum(1 for _ in manifest["files"]) * 64))
+    return [g for g in plan_shards(data_dir, n, manifest) if g]
+
+
+def evaluate(spark, data_dir: str, model_dir: str) -> dict:
+    """Metrics of the model on a featurized dataset (logistic models: probabilities)."""
+    from solvers.metrics import BinaryMetrics
+
+    t0 = time.perf_counter()
+    m, meta = _check(data_dir, model_dir)
+    if meta["config"]["train"]["loss"] != "logistic":
+        raise modeldir.ModelError(f"evaluate needs a logistic model; {model_dir} was trained with loss "
+                                  f"{meta['config']['train']['loss']!r}")
+    model = fsutil.normalize(model_dir)
+    n_features = 1 << int(m["spec"]["bits"])
+    groups = [[p.to_json() for p in g] for g in _groups(spark, data_dir, m)]
+
+    def task(_, items):
+        for parts in items:
+            csr = read_csr([ShardPart.from_json(p) for p in parts], n_features)
+            acc = BinaryMetrics()
+            if csr.n_rows:
+                acc.add(_scores(csr, model), csr.labels, csr.weights)
+            yield acc.to_state()
+
+    sc = spark.sparkContext
+    sc.setJobDescription(f"terascale evaluate: {data_dir}")
+    try:
+        states = sc.parallelize(groups, len(groups)).mapPartitionsWithIndex(task).collect()
+    finally:
+        sc.setJobDescription(None)
+    total = BinaryMetrics()
+    for s in states:
+        total.merge(BinaryMetrics.from_state(s))
+    out = total.finalize()
+    out.update({"dataset": fsutil.normalize(data_dir), "model": model, "seconds": time.perf_counter() - t0})
+    return out
+
+
+def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, ...]) -> dict:
+    """Write Parquet with ``probability`` (logistic) or ``score`` plus the ``keep`` columns."""
+    t0 = time.perf_counter()
+    bad = [c for c in keep if c not in KEEPABLE]
+    if bad:
+        raise ValueError(f"predict.keep_columns: {bad} are not columns of a dataset; allowed: {list(KEEPABLE)}")
+    m, meta = _check(data_dir, model_dir)
+    col = "probability" if meta["config"]["train"]["loss"] == "logistic" else "score"
+    model = fsutil.normalize(model_dir)
+    out = fsutil.normalize(output)
+    n_features = 1 << int(m["spec"]["bits"])
+    groups = [[p.to_json() for p in g] for g in _groups(spark, data_dir, m)]
+    staging = fsutil.join(out, "_temporary", uuid.uuid4().hex[:10])
+
+    def task(i, items):
+        from pyspark import TaskContext
+
+        tag = f"{i:05d}-t{TaskContext.get().taskAttemptId()}"
+        for parts_json in items:
+            parts = [ShardPart.from_json(p) for p in parts_json]
+            csr = read_csr(parts, n_features)
+            cols = {col: pa.array(_scores(csr, model))}
+            if keep:
+                kept = pa.concat_tables([_kept(p, keep) for p in parts]) if parts else None
+                for c in keep:
+                    cols[c] = kept.column(c)
+            path = fsutil.join(staging, f"part-{tag}.parquet")
+            fs, inner = fsutil.resolve(path)
+            fs.create_dir(inner.rsplit("/", 1)[0], recursive=True)
+            pq.write_table(pa.table(cols), inner, filesystem=fs)
+            yield {"task": i, "path": path, "rows": csr.n_rows}
+
+    sc = spark.sparkContext
+    sc.setJobDescription(f"terascale predict: {data_dir} -> {out}")
+    try:
+        results = sc.parallelize(groups, len(groups)).mapPartitionsWithIndex(task).collect()
+    except Exception:
+        fsutil.delete(staging)
+        raise
+    finally:
+        sc.setJobDescription(None)
+    fsutil.delete(fsutil.join(out, MANIFEST))
+    for old in fsutil.list_files(out):
+        if old.rsplit("/", 1)[-1].startswith("part-"):
+            fsutil.delete(old)
+    files = []
+    for r in sorted(results, key=lambda r: r["task"]):
+        name = f"part-{r['task']:05d}.parquet"
+        fsutil.move(r["path"], fsutil.join(out, name))
+        files.append({"path": name, "rows": r["rows"]})
+    manifest = {"kind": "predictions", "column": col, "kept": list(keep), "model": model,
+                "dataset": fsutil.normalize(data_dir), "rows": sum(f["rows"] for f in files), "files": files,
+                "seconds": time.perf_counter() - t0}
+    fsutil.write_json_atomic(fsutil.join(out, MANIFEST), manifest)
+    fsutil.delete(fsutil.join(out, "_temporary"))
+    return manifest
+
+
+def _kept(part: ShardPart, keep: tuple[str, ...]) -> pa.Table:
+    fs, inner = fsutil.resolve(part.path)
+    with fs.open_input_file(inner) as f:
+        return pq.ParquetFile(f).read_row_groups(list(part.row_groups), columns=list(keep))

@@ -1,0 +1,21 @@
+"""Train a model on a featurized dataset (a thin spark-submit entry point).
+
+    spark-submit --master local[4] jobs/train.py \
+        --input data/train --model models/ctr --conf conf/train.yaml --set train.workers=4
+
+The same as ``terascale train ...``; see ``terascale train --help`` for the flags.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from jobs.cli import main as cli_main
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The train job's driver side: validate, plan shards, run the barrier stage, commit the model.
+
+Spark orchestration only: numbers are computed in the tasks (``jobs.train_task``) by the
+solvers. The model directory appears only when complete (staging directory + rename); a failed
+run leaves none, and removes its staging directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+
+from allreduce.spark import BarrierError, NetConf, run_barrier
+from jobs.config import Config, to_dict
+from jobs.train_task import Inject, TaskSpec, run_train_task
+from pipeline import fsutil, modeldir
+from pipeline.dataset import plan_shards
+from pipeline.manifest import read_manifest
+from solvers.params import SolverParams
+
+log = logging.getLogger("terascale.train")
+
+# failures that a new attempt would only repeat: fail the job at once
+DETERMINISTIC_ERRORS = ("InvalidInputError", "NonFiniteInputError", "DivergenceError", "ModelError", "CheckpointError")
+
+
+class TrainError(RuntimeError):
+    """The train job failed; no model was written."""
+
+
+def solver_params(cfg: Config) -> SolverParams:
+    t = cfg.train
+    return SolverParams(**{f.name: getattr(t, f.name) for f in dataclasses.fields(SolverParams)})
+
+
+def checkpoint_dir(cfg: Config, model_dir: str) -> str:
+    return cfg.train.checkpoint_dir or fsutil.normalize(model_dir).rstrip("/") + ".checkpoint"
+
+
+def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
+    """Train on the featurized dataset ``data_dir`` and write ``model_dir``; returns its metadata."""
+    t0 = time.perf_counter()
+    manifest = read_manifest(data_dir)
+    spec = manifest["spec"]
+    t = cfg.train
+    if t.init_model:
+        init_meta = modeldir.load_metadata(t.init_model)
+        diff = modeldir.same_spec(init_meta["spec"], spec)
+        if diff:
+            detail = ", ".join(f"{k}: model {init_meta['spec'].get(k)!r} vs data {spec.get(k)!r}" for k in diff)
+            raise modeldir.ModelError(f"train.init_model {t.init_model}: its feature spec differs from the data's ({detail})")
+    params = solver_params(cfg)
+    shards = plan_shards(data_dir, t.workers, manifest)
+    ckpt = checkpoint_dir(cfg, model_dir)
+    fsutil.delete(ckpt)  # checkpoints serve the attempts of this run only
+    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    staging = modeldir.staging_dir(model_dir, run_id)
+    task = TaskSpec(
+        shards=tuple(tuple(s) for s in shards), n_features=1 << int(spec["bits"]), params=params,
+        holdout_period=t.holdout_period, checkpoint_dir=ckpt, checkpoint_interval_s=t.checkpoint_interval_s,
+        staging_dir=staging,
+        inject=Inject(**dataclasses.asdict(t.inject)), init_weights=t.init_model,
+    )
+    log.info("train: %s solver, %d workers + %d spares, %d rows in %d files, 2^%d features",
+             params.solver, t.workers, t.spares, manifest["rows"], len(manifest["files"]), spec["bits"])
+    try:
+        res = run_barrier(spark, t.workers, t.spares, lambda ctx: run_train_task(ctx, task),
+                          net=NetConf.from_conf(cfg.allreduce), max_attempts=t.max_attempts,
+                          server_host=cfg.allreduce.host, job_name="terascale train",
+                          no_retry=DETERMINISTIC_ERRORS)
+    except BarrierError as e:
+        fsutil.delete(staging)
+        raise TrainError(str(e)) from None
+    rank0 = next(r for r in res.results if r["rank"] == 0)
+    per_rank = [{k: r[k] for k in ("rank", "shard", "attempt_id", "spare", "rows", "nnz", "holdout_rows",
+                                   "csr_bytes", "read_s", "seconds", "resumed_from_pass", "peak_rss_bytes")}
+                for r in res.results]
+    metadata = {
+        "spec": spec,
+        "config": to_dict(cfg),
+        "intercept": rank0["intercept"],
+        "objective": rank0["objective"],
+        "history": rank0["history"],
+        "per_rank": per_rank,
+        "data": {"dataset": fsutil.normalize(data_dir), "rows": manifest["rows"], **rank0["totals"]},
+        "attempts": res.attempts,
+        "tasks": [{k: v for k, v in x.items() if k != "result"} for x in res.tasks],
+        "train_seconds": time.perf_counter() - t0,
+    }
+    try:
+        modeldir.commit(staging, model_dir, metadata)
+    except Exception:
+        fsutil.delete(staging)
+        raise
+    fsutil.delete(ckpt)
+    log.info("train: objective %.6g after %d passes -> %s", rank0["objective"], len(rank0["history"]), model_dir)
+    return metadata

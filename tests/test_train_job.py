@@ -1,0 +1,114 @@
+"""The train / evaluate / predict jobs on a real Spark session."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.config import CRITEO_FIELDS, load_config
+from jobs.scoring import evaluate, predict
+from jobs.train_job import TrainError, run_train
+from pipeline.generate import generate_clicklogs
+from pipeline.modeldir import ModelError, load_model
+from pipeline.spark_featurize import run_featurize
+from pipeline.spec import FeatureSpec
+
+pytestmark = pytest.mark.spark
+ROOT = Path(__file__).resolve().parents[1]
+EXACT = ["train.solver=lbfgs", "train.holdout_period=0", "train.early_stop_passes=0", "train.passes=200",
+         "train.tol=1e-10", "train.l2=1e-3", "spark.master=local[2]"]
+
+
+@pytest.fixture(scope="module")
+def data(spark, tmp_path_factory):
+    d = tmp_path_factory.mktemp("train")
+    generate_clicklogs(d / "raw", 8000, files=2, seed=3, processes=1)
+    generate_clicklogs(d / "rawt", 2000, files=1, seed=4, processes=1)
+    for bits, name, raw in ((16, "tr", "raw"), (16, "te", "rawt"), (17, "tr17", "raw")):
+        spec = FeatureSpec(fields=CRITEO_FIELDS, bits=bits, seed=0)
+        run_featurize(spark, [str(d / raw)], str(d / name), spec, load_config([], ["featurize.partitions=2"]).featurize)
+    return d
+
+
+def _cfg(*sets):
+    return load_config([], list(sets))
+
+
+def test_k1_and_k2_reach_the_same_optimum_and_write_a_complete_model(spark, data, tmp_path):
+    m1 = run_train(spark, _cfg(*EXACT, "train.workers=1"), str(data / "tr"), str(tmp_path / "m1"))
+    m2 = run_train(spark, _cfg(*EXACT, "train.workers=2"), str(data / "tr"), str(tmp_path / "m2"))
+    assert m2["objective"] == pytest.approx(m1["objective"], rel=1e-7)
+    w1, b1, meta = load_model(str(tmp_path / "m1"))
+    w2, b2, _ = load_model(str(tmp_path / "m2"))
+    assert w1.shape == (1 << 16,) and np.all(np.isfinite(w2))
+    assert np.max(np.abs(w1 - w2)) < 1e-3 and b1 == pytest.approx(b2, abs=1e-3)
+    assert meta["spec"]["bits"] == 16 and meta["config"]["train"]["workers"] == 1
+    assert meta["data"]["train_rows"] == meta["data"]["rows"] == 8000
+    h = m2["history"]
+    assert [x["pass"] for x in h] == list(range(1, len(h) + 1))
+    assert all(len(x["compute_s"]) == 2 and len(x["stall_s"]) == 2 and len(x["transfer_s"]) == 2 for x in h)
+    assert {r["rank"] for r in m2["per_rank"]} == {0, 1} and sum(r["rows"] for r in m2["per_rank"]) == 8000
+    assert not list(tmp_path.glob("*.tmp-*")) and not list(tmp_path.glob("*.checkpoint"))
+
+    r = evaluate(spark, str(data / "te"), str(tmp_path / "m2"))
+    assert r["rows"] == 2000 and 0.3 < r["logloss"] < 0.7 and 0.6 < r["auroc"] < 1.0
+    p = predict(spark, str(data / "te"), str(tmp_path / "m2"), str(tmp_path / "pred"), ("label",))
+    t = pq.read_table(tmp_path / "pred" / p["files"][0]["path"])
+    assert p["rows"] == 2000 and set(t.column_names) == {"probability", "label"}
+    probs = np.concatenate([pq.read_table(tmp_path / "pred" / f["path"])["probability"].to_numpy() for f in p["files"]])
+    labels = np.concatenate([pq.read_table(tmp_path / "pred" / f["path"])["label"].to_numpy() for f in p["files"]])
+    ll = -np.mean(labels * np.log(probs) + (1 - labels) * np.log1p(-probs))
+    assert ll == pytest.approx(r["logloss"], rel=1e-9)  # predict and evaluate score identically
+
+
+def test_killed_attempt_resumes_from_checkpoint(spark, data, tmp_path):
+    base = ["train.workers=2", "train.passes=8", "train.holdout_period=0", "train.early_stop_passes=0",
+            "train.checkpoint_interval_s=0", "spark.master=local[2]"]
+    clean = run_train(spark, _cfg(*base), str(data / "tr"), str(tmp_path / "clean"))
+    hurt = run_train(spark, _cfg(*base, "train.inject.fail_shard=1", "train.inject.fail_pass=4",
+                                 "train.inject.fail_mode=kill"), str(data / "tr"), str(tmp_path / "hurt"))
+    assert [a["outcome"] for a in hurt["attempts"]] == ["failed", "succeeded"]
+    assert "crashed" in hurt["attempts"][0]["error"] or "PeerLost" in hurt["attempts"][0]["error"]
+    # shard 1 dies at the end of pass 4, after that pass's collective: rank 0 may or may not have
+    # checkpointed pass 4 before Spark stopped the stage; both are complete checkpoints
+    resumed = {r["resumed_from_pass"] for r in hurt["per_rank"]}
+    assert resumed in ({3}, {4})
+    assert hurt["objective"] == pytest.approx(clean["objective"], rel=1e-12)
+    assert len(hurt["history"]) == len(clean["history"])
+
+
+def test_divergence_stops_with_a_clear_error_and_no_model(spark, data, tmp_path):
+    cfg = _cfg("train.solver=online", "train.loss=squared", "train.invariant=false", "train.learning_rate=1e6",
+               "train.workers=2", "spark.master=local[2]")
+    with pytest.raises(TrainError, match="DivergenceError"):
+        run_train(spark, cfg, str(data / "tr"), str(tmp_path / "m"))
+    assert not (tmp_path / "m").exists() and not list(tmp_path.glob("m.tmp-*"))
+
+
+def test_init_model_must_share_the_feature_spec(spark, data, tmp_path):
+    cfg = _cfg("train.workers=1", "train.passes=3", "spark.master=local[2]")
+    run_train(spark, cfg, str(data / "tr"), str(tmp_path / "m"))
+    with pytest.raises(ModelError, match=r"feature spec differs from the data's \(bits: model 16 vs data 17\)"):
+        run_train(spark, _cfg("train.workers=1", f"train.init_model={tmp_path / 'm'}"), str(data / "tr17"), str(tmp_path / "m2"))
+    warm = run_train(spark, _cfg("train.workers=1", "train.passes=3", f"train.init_model={tmp_path / 'm'}",
+                                 "train.holdout_period=0", "train.early_stop_passes=0"),
+                     str(data / "tr"), str(tmp_path / "m3"))
+    assert warm["history"][0]["pass"] == 1 and np.isfinite(warm["objective"])
+
+
+@pytest.mark.slow
+def test_train_on_local_cluster_through_the_cli(data, tmp_path):
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    r = subprocess.run([sys.executable, "-m", "jobs.cli", "train", "--input", str(data / "tr"), "--model",
+                        str(tmp_path / "m"), "--set", "spark.master=local-cluster[2,1,1024]", "--set", "train.workers=2"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    meta = json.loads((tmp_path / "m" / "metadata.json").read_text())
+    assert len(meta["per_rank"]) == 2 and np.isfinite(meta["objective"])
