@@ -214,6 +214,7 @@ def test_no_threads_left_behind():
 def test_separate_processes_agree_bit_for_bit():
     """Ranks as real OS processes (spawned), as in production: the benchmark helper raises if
     the ranks' results differ."""
-    bench = pytest.importorskip("tests.benchmarks.bench_allreduce_socket")
+    from tests.benchmarks import allreduce_socket as bench
+
     r = bench.allreduce_bandwidth(3, n=100_003, repeats=1, chunk_bytes=1 << 16)
     assert r["k"] == 3 and r["best_s"] > 0
