@@ -1,0 +1,202 @@
+"""Training: terascale against Vowpal Wabbit and Spark MLlib on the same data, in one run.
+
+2,000,000 generated training rows and 500,000 test rows, featurized by terascale at bits 22;
+VW reads exactly the same hashed features (integer feature names) from its binary cache.
+
+1. Online pass throughput (non-zeros/s per core): terascale's online pass over in-memory CSR
+   (single process) against VW's one pass from its cache (--passes 1, adaptive, normalized,
+   invariant: VW's defaults). Target >= 2x.
+2. Optimisation speed at lambda = 1e-6: the time terascale (hybrid, 2 workers, in-job time from
+   its history) takes to reach a training objective no higher than VW's after 1 pass + 20
+   warm-started --bfgs passes (--l2 = n*lambda, VW's sum form), against VW's time for those two
+   runs. Target <= 0.5x. Against MLlib LogisticRegression (local[2], regParam = lambda,
+   standardization off, 20 iterations): time to reach MLlib's final training objective.
+   Target >= 20x faster. Objectives are all evaluated by one function (mean-form logistic).
+3. Test logloss of terascale with default settings against VW's two runs; target: no worse
+   than the best VW run + 0.001.
+4. End-to-end wall time of `terascale train` (Spark start included) and peak RSS per worker
+   against the CSR bytes of its shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from tests.benchmarks.common import RESULTS, generated_logs
+from tests.benchmarks.vw_io import CONSTANT_HASH, read_vw_weights, run_vw, vw_predictions, write_vw
+
+ROWS, TEST_ROWS, BITS, LAMBDA = 2_000_000, 500_000, 22, 1e-6
+
+
+def objective(x, y, w, b, lam) -> float:
+    """Mean-form logistic objective (1/n) sum log(1 + exp(-s m)) + lam/2 |w|^2, s = 2y - 1."""
+    m = x @ w + b
+    s = 2.0 * y - 1.0
+    return float(np.mean(np.logaddexp(0.0, -s * m)) + 0.5 * lam * np.dot(w, w))
+
+
+def logloss(y, p) -> float:
+    p = np.clip(p, 1e-15, 1 - 1e-15)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log1p(-p)))
+
+
+def first_time_at_or_below(history, target: float):
+    for h in history:
+        if h.get("objective") is not None and h["objective"] <= target:
+            return h["elapsed_s"]
+    return None
+
+
+def _featurized(spark, raw, name):
+    from jobs.cli import _spec
+    from jobs.config import load_config
+    from pipeline.spark_featurize import run_featurize
+
+    out = RESULTS / "data" / f"{name}-bits{BITS}"
+    if not (out / "_manifest.json").exists():
+        cfg = load_config([], [f"featurize.bits={BITS}"])
+        run_featurize(spark, [str(raw / "*.tsv")], str(out), _spec(cfg), cfg.featurize)
+    return out
+
+
+def _mllib(spark, train_dir, lam):
+    from pyspark.ml.classification import LogisticRegression
+    from pyspark.ml.linalg import SparseVector, VectorUDT
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DoubleType, StructField, StructType
+
+    n = 1 << BITS
+    df = spark.read.parquet(*[str(p) for p in sorted(train_dir.glob("part-*.parquet"))])
+    to_vec = F.udf(lambda idx, val: SparseVector(n, idx, val if val is not None else [1.0] * len(idx)), VectorUDT())
+    data = df.select(F.col("label").cast("double").alias("label"), to_vec("indices", "values").alias("features"))
+    data = spark.createDataFrame(data.rdd, StructType([StructField("label", DoubleType()), StructField("features", VectorUDT())]))
+    data.cache().count()
+    lr = LogisticRegression(maxIter=20, regParam=lam, elasticNetParam=0.0, standardization=False, tol=0.0)
+    t0 = time.perf_counter()
+    model = lr.fit(data)
+    secs = time.perf_counter() - t0
+    data.unpersist()
+    return secs, np.asarray(model.coefficients.toArray()), float(model.intercept)
+
+
+def main() -> dict:
+    from pyspark.sql import SparkSession
+
+    from allreduce.communicator import LocalCommunicator
+    from jobs.config import load_config
+    from jobs.train_job import run_train
+    from pipeline.dataset import read_dataset
+    from solvers.api import train
+    from solvers.params import SolverParams
+
+    work = RESULTS / "work-train"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    raw = generated_logs(ROWS, 4, seed=11)
+    raw_test = generated_logs(TEST_ROWS, 1, seed=13)
+    spark = (SparkSession.builder.master("local[2]").appName("bench-train").config("spark.ui.enabled", "false")
+             .config("spark.driver.host", "127.0.0.1").config("spark.driver.memory", "6g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    fig: dict = {"rows": ROWS, "test_rows": TEST_ROWS, "bits": BITS, "lambda": LAMBDA}
+    try:
+        train_dir, test_dir = _featurized(spark, raw, "train-2m"), _featurized(spark, raw_test, "test-500k")
+        csr, _ = read_dataset(str(train_dir))
+        test, _ = read_dataset(str(test_dir))
+        x = csr.to_scipy().astype(np.float64)
+        y, yt = csr.labels.astype(np.float64), test.labels.astype(np.float64)
+        n = csr.n_rows
+        const = CONSTANT_HASH % (1 << BITS)
+
+        # VW: text, cache (not timed), then timed runs from the cache
+        vw_txt, vw_test, cache = str(work / "train.vw"), str(work / "test.vw"), str(work / "train.cache")
+        write_vw(csr, vw_txt)
+        write_vw(test, vw_test)
+        run_vw(f"-d {vw_txt} --cache_file {cache} -b {BITS} --loss_function logistic --passes 1 -k")
+        common = f"--cache_file {cache} -b {BITS} --loss_function logistic"
+        vw1_s = min(run_vw(f"{common} --passes 1 -f {work}/online.model") for _ in range(2))
+        vw_bfgs_s = run_vw(f"{common} -i {work}/online.model --bfgs --passes 20 --l2 {n * LAMBDA} "
+                           f"-f {work}/bfgs.model --readable_model {work}/bfgs.txt")
+        run_vw(f"{common} -i {work}/online.model --passes 1 --readable_model {work}/online.txt -t")
+        w_vw = read_vw_weights(f"{work}/bfgs.txt", 1 << BITS)
+        b_vw = w_vw[const]
+        w_vw[const] = 0.0
+        vw_obj = objective(x, y, w_vw, b_vw, LAMBDA)
+        vw_test_ll = {}
+        for name in ("online", "bfgs"):
+            run_vw(f"-d {vw_test} -t -i {work}/{name}.model -p {work}/{name}.preds --link logistic")
+            vw_test_ll[name] = logloss(yt, vw_predictions(f"{work}/{name}.preds"))
+        vw_nnz = csr.nnz + n  # VW adds its constant feature to every example
+        fig["vw"] = {"one_pass_s": vw1_s, "one_pass_nnz_per_s": vw_nnz / vw1_s, "bfgs20_s": vw_bfgs_s,
+                     "pass_plus_bfgs_s": vw1_s + vw_bfgs_s, "objective": vw_obj, "test_logloss": vw_test_ll}
+
+        # terascale online pass throughput (in-memory CSR, one process, warm)
+        p1 = SolverParams(solver="online", passes=1)
+        train(csr, LocalCommunicator(), p1)
+        t0 = time.perf_counter()
+        train(csr, LocalCommunicator(), p1)
+        ts1 = time.perf_counter() - t0
+        fig["terascale_online"] = {"one_pass_s": ts1, "nnz_per_s": (csr.nnz + n) / ts1}
+        fig["online_ratio_vs_vw"] = fig["terascale_online"]["nnz_per_s"] / fig["vw"]["one_pass_nnz_per_s"]
+
+        # terascale hybrid, 2 workers, to convergence: time to reach VW's / MLlib's objective
+        model = str(work / "model-opt")
+        cfg = load_config([], ["spark.master=local[2]", "train.workers=2", f"train.l2={LAMBDA}", "train.passes=60",
+                               "train.tol=1e-12", "train.holdout_period=0", "train.early_stop_passes=0"])
+        meta = run_train(spark, cfg, str(train_dir), model)
+        hist = meta["history"]
+        fig["terascale_hybrid"] = {"train_seconds": meta["train_seconds"], "final_objective": meta["objective"],
+                                   "passes": len(hist), "time_to_vw_objective_s": first_time_at_or_below(hist, vw_obj)}
+        t_vw = fig["terascale_hybrid"]["time_to_vw_objective_s"]
+        fig["time_ratio_vs_vw"] = None if t_vw is None else t_vw / fig["vw"]["pass_plus_bfgs_s"]
+
+        ml_s, w_ml, b_ml = _mllib(spark, train_dir, LAMBDA)
+        ml_obj = objective(x, y, w_ml, b_ml, LAMBDA)
+        t_ml = first_time_at_or_below(hist, ml_obj)
+        fig["mllib"] = {"fit_s": ml_s, "objective": ml_obj, "terascale_time_to_mllib_objective_s": t_ml,
+                        "speedup": None if t_ml is None else ml_s / t_ml}
+    finally:
+        spark.stop()
+
+    # default settings, through the command line: end-to-end wall time and test logloss
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    cli = [sys.executable, "-m", "jobs.cli"]
+    t0 = time.perf_counter()
+    r = subprocess.run(cli + ["train", "--input", str(train_dir), "--model", str(work / "model-default"),
+                              "--set", "spark.master=local[2]"], capture_output=True, text=True, env=env)
+    e2e = time.perf_counter() - t0
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run(cli + ["evaluate", "--input", str(test_dir), "--model", str(work / "model-default"),
+                              "--out", str(work / "metrics.json"), "--set", "spark.master=local[2]"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    metrics = json.loads((work / "metrics.json").read_text())
+    dmeta = json.loads((work / "model-default" / "metadata.json").read_text())
+    best_vw = min(fig["vw"]["test_logloss"].values())
+    fig["default_run"] = {
+        "end_to_end_s": e2e, "train_seconds": dmeta["train_seconds"], "passes": len(dmeta["history"]),
+        "test_logloss": metrics["logloss"], "test_auroc": metrics["auroc"], "best_vw_test_logloss": best_vw,
+        "meets_target": metrics["logloss"] <= best_vw + 0.001,
+        "per_rank": [{"rank": p["rank"], "csr_bytes": p["csr_bytes"], "peak_rss_bytes": p["peak_rss_bytes"],
+                      "rss_over_csr": p["peak_rss_bytes"] / max(p["csr_bytes"], 1)} for p in dmeta["per_rank"]],
+    }
+    shutil.rmtree(work, ignore_errors=True)
+
+    v, o, h, m, d = fig["vw"], fig["terascale_online"], fig["terascale_hybrid"], fig["mllib"], fig["default_run"]
+    print(f"online pass: terascale {o['nnz_per_s'] / 1e6:.1f} M nnz/s vs VW {v['one_pass_nnz_per_s'] / 1e6:.1f} M nnz/s "
+          f"-> {fig['online_ratio_vs_vw']:.2f}x (target >= 2x)")
+    print(f"VW 1 pass + 20 bfgs: {v['pass_plus_bfgs_s']:.1f} s, objective {v['objective']:.6f}; terascale hybrid reaches it "
+          f"at {h['time_to_vw_objective_s']} s -> ratio {fig['time_ratio_vs_vw']} (target <= 0.5)")
+    print(f"MLlib 20 iterations: {m['fit_s']:.1f} s, objective {m['objective']:.6f}; terascale reaches it at "
+          f"{m['terascale_time_to_mllib_objective_s']} s -> {m['speedup']}x (target >= 20x)")
+    print(f"default settings: test logloss {d['test_logloss']:.5f} vs best VW {d['best_vw_test_logloss']:.5f} "
+          f"(target <= +0.001: {d['meets_target']}); train {d['train_seconds']:.1f} s in job, {d['end_to_end_s']:.1f} s end to end")
+    for p in d["per_rank"]:
+        print(f"  rank {p['rank']}: peak RSS {p['peak_rss_bytes'] / 2**20:.0f} MiB for {p['csr_bytes'] / 2**20:.0f} MiB of CSR")
+    return fig
