@@ -23,7 +23,6 @@ from pipeline.rowkernels import (
     valid_utf8,
 )
 
-
 FLOAT32_MAX = 3.4028234663852886e38
 
 

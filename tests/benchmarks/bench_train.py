@@ -120,7 +120,7 @@ def main() -> dict:
         write_vw(test, vw_test)
         run_vw(f"-d {vw_txt} --cache_file {cache} -b {BITS} --loss_function logistic --passes 1 -k")
         common = f"--cache_file {cache} -b {BITS} --loss_function logistic"
-        vw1_s = min(run_vw(f"{common} --passes 1 -f {work}/online.model") for _ in range(2))
+        vw1_s = min(run_vw(f"{common} --passes 1 -f {work}/online.model --predict_only_model") for _ in range(2))
         vw_bfgs_s = run_vw(f"{common} -i {work}/online.model --bfgs --passes 20 --l2 {n * LAMBDA} "
                            f"-f {work}/bfgs.model --readable_model {work}/bfgs.txt")
         run_vw(f"{common} -i {work}/online.model --passes 1 --readable_model {work}/online.txt -t")

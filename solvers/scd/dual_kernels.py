@@ -1,0 +1,148 @@
+"""Numba kernels of dual SCD (SDCA) over one shard stored by example (CSR).
+
+Arrays only: ``indptr`` int64, ``indices`` int32, ``values`` float32, ``labels`` and ``weights``
+float32, dual variables ``alpha`` and shared vectors float64. The shared vector ``u`` has
+``n_features + 1`` entries; entry ``bias_index = n_features`` belongs to the augmented constant
+feature of value ``bias_scale`` (0 when there is no intercept, which leaves that entry at 0).
+
+One coordinate step on example i (``scale = sigma / (lam N)``, see ``losses.dual_step``)::
+
+    dot   = x_i . u + bias_scale u[bias]
+    q     = scale c_i ||x_i||^2
+    a'    = dual_step(loss, y_i, a_i, dot, q)
+    u    += scale c_i (a' - a_i) x_i        (and the bias entry)
+
+With ``sigma = 1`` and ``u = w(alpha)`` this is plain SDCA. With ``u = w + sigma dw_local`` it is
+the step on CoCoA+'s local subproblem; the caller recovers ``dw_local = (u - w) / sigma``.
+
+The multi-threaded epoch follows Snap ML (Ioannou et al.): the rows are cut into buckets of
+``bucket_size`` consecutive examples, the buckets are shuffled every epoch and dealt to
+``n_parts`` partitions (dynamic re-partitioning), each partition works on its own replica of the
+shared vector with ``sigma_part = sigma * n_parts``, and the replicas are merged once per epoch:
+``u += (1 / n_parts) sum_p (u_p - u)``, i.e. the partitions' updates are *added* (CoCoA+ with
+sigma' = n_parts inside the worker). That keeps every epoch a monotone ascent step of the
+worker's subproblem, so the threaded solver converges to the same optimum as the sequential one.
+The result depends only on the bucket order, never on thread timing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from solvers.scd.losses import SQUARED, dual_step, dual_value, primal_loss, sign_label
+
+
+@njit(cache=True, nogil=True)
+def row_sq_norms(indptr, values, bias_scale):
+    """||x_i||^2 of every row, the augmented constant feature included."""
+    n = indptr.shape[0] - 1
+    out = np.empty(n, np.float64)
+    b2 = bias_scale * bias_scale
+    for i in range(n):
+        acc = b2
+        for k in range(indptr[i], indptr[i + 1]):
+            v = np.float64(values[k])
+            acc += v * v
+        out[i] = acc
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _step_row(i, indptr, indices, values, labels, weights, sqn, alpha, u, loss, scale,
+              bias_scale, bias_index):
+    dot = bias_scale * u[bias_index]
+    for k in range(indptr[i], indptr[i + 1]):
+        dot += np.float64(values[k]) * u[indices[k]]
+    c = np.float64(weights[i])
+    a = alpha[i]
+    a_new = dual_step(loss, np.float64(labels[i]), a, dot, scale * c * sqn[i])
+    if a_new != a:
+        alpha[i] = a_new
+        coef = scale * c * (a_new - a)
+        for k in range(indptr[i], indptr[i + 1]):
+            u[indices[k]] += coef * np.float64(values[k])
+        u[bias_index] += coef * bias_scale
+
+
+@njit(cache=True, nogil=True)
+def dual_epoch(indptr, indices, values, labels, weights, sqn, alpha, u, order, loss, scale,
+               bias_scale, bias_index):
+    """One sequential epoch over the rows in ``order`` (the reference solver)."""
+    for j in range(order.shape[0]):
+        _step_row(order[j], indptr, indices, values, labels, weights, sqn, alpha, u, loss, scale,
+                  bias_scale, bias_index)
+
+
+@njit(cache=True, parallel=True)
+def dual_epoch_buckets(indptr, indices, values, labels, weights, sqn, alpha, u, bucket_order,
+                       bucket_size, replicas, loss, scale_part, bias_scale, bias_index):
+    """One bucketed epoch on ``replicas.shape[0]`` partitions, each with its own shared-vector
+    replica; ``scale_part = sigma * n_parts / (lam N)``. Merges the replicas into ``u``."""
+    n = labels.shape[0]
+    n_parts = replicas.shape[0]
+    nb = bucket_order.shape[0]
+    for p in prange(n_parts):
+        rep = replicas[p]
+        rep[:] = u
+        for j in range(p * nb // n_parts, (p + 1) * nb // n_parts):
+            start = bucket_order[j] * bucket_size
+            stop = min(start + bucket_size, n)
+            for i in range(start, stop):
+                _step_row(i, indptr, indices, values, labels, weights, sqn, alpha, rep, loss,
+                          scale_part, bias_scale, bias_index)
+    # merge: u += (1 / P) sum_p (replicas[p] - u), the partitions summed in a fixed order
+    inv = 1.0 / n_parts
+    for j in prange(u.shape[0]):
+        base = u[j]
+        acc = 0.0
+        for p in range(n_parts):
+            acc += replicas[p, j] - base
+        u[j] = base + acc * inv
+
+
+@njit(cache=True, nogil=True)
+def dual_objective_sums(indptr, indices, values, labels, weights, alpha, w, loss, bias_scale,
+                        bias_index):
+    """(sum_i c_i phi_i(x_i . w), sum_i c_i h_i(alpha_i)) over this shard: the pieces of P and D."""
+    loss_sum = 0.0
+    conj_sum = 0.0
+    wb = bias_scale * w[bias_index]
+    for i in range(labels.shape[0]):
+        z = wb
+        for k in range(indptr[i], indptr[i + 1]):
+            z += np.float64(values[k]) * w[indices[k]]
+        c = np.float64(weights[i])
+        y = np.float64(labels[i])
+        loss_sum += c * primal_loss(loss, y, z)
+        conj_sum += c * dual_value(loss, y, alpha[i])
+    return loss_sum, conj_sum
+
+
+@njit(cache=True, nogil=True)
+def scaled_difference(out, u, w, inv_sigma):
+    """out = (u - w) * inv_sigma (the local shared-vector update of a CoCoA+ subproblem)."""
+    for j in range(u.shape[0]):
+        out[j] = (u[j] - w[j]) * inv_sigma
+
+
+@njit(cache=True, nogil=True)
+def apply_dual_step(loss, labels, alpha, dalpha, gamma):
+    """alpha += gamma dalpha, clamping b = s alpha into [0, 1] for hinge/logistic (round-off only:
+    gamma never exceeds the feasible step)."""
+    for i in range(alpha.shape[0]):
+        d = dalpha[i]
+        if d == 0.0:
+            continue
+        a = alpha[i] + gamma * d
+        if loss != SQUARED:
+            s = sign_label(np.float64(labels[i]))
+            a = s * min(max(s * a, 0.0), 1.0)
+        alpha[i] = a
+
+
+@njit(cache=True, nogil=True)
+def axpy(y, a, x):
+    """y += a x, element by element (no fused multiply-add: the same bytes on every machine)."""
+    for j in range(y.shape[0]):
+        y[j] += a * x[j]

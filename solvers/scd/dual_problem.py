@@ -1,0 +1,133 @@
+"""CoCoA on the dual (data by example): SDCA local solvers, shared vector w = w(alpha).
+
+Each rank keeps its shard's dual variables ``alpha_k`` and the replicated primal vector
+``w = (1/(lam N)) sum_i c_i alpha_i x_i`` (length n_features + 1, the last entry the intercept
+feature's coefficient). A round: the local solver proposes ``dalpha_k`` on the subproblem with
+sigma'; ``dw_k = (1/(lam N)) sum_{i in k} c_i dalpha_i x_i``; one allreduce sums the ``dw_k``
+(and the scalars); then ``alpha_k += gamma dalpha_k`` and ``w += gamma dw``.
+
+Gap pieces of the current point: ``P(w) = (1/N) sum c phi(x.w) + (lam/2)||w||^2`` and
+``D(alpha) = (1/N) sum c h(alpha) - (lam/2)||w||^2``, so ``gap = (1/N)(sum c phi - sum c h) + lam ||w||^2``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from allreduce.communicator import Communicator
+from solvers.data import CSRData
+from solvers.scd.dual_kernels import apply_dual_step, axpy, dual_objective_sums, scaled_difference
+from solvers.scd.line_search import (
+    dual_line_sums,
+    fixed_gamma,
+    hinge_gamma,
+    local_sigma,
+    logistic_gamma,
+    logistic_line_derivs,
+    ridge_dual_gamma,
+    seq_dot,
+)
+from solvers.scd.local_solver import DualLocalSolver
+from solvers.scd.losses import HINGE, LOGISTIC, SQUARED, loss_code
+from solvers.scd.params import CocoaParams
+
+
+class DualProblem:
+    """One rank's side of dual CoCoA (see the module docstring)."""
+
+    eval_len = 2
+
+    def __init__(self, data: CSRData, comm: Communicator, params: CocoaParams, n_weight: float):
+        self.data, self.comm, self.p = data, comm, params
+        self.loss = loss_code(params.loss)
+        self.n_weight = n_weight
+        self.sigma = local_sigma(params.aggregation, comm.size)
+        self.solver = DualLocalSolver(data, self.loss, params.l2, n_weight, params.bias_scale,
+                                      params.threads, params.bucket_size)
+        self.alpha = np.zeros(data.n_rows)
+        self.w = np.zeros(data.n_features + 1)
+        self.dalpha = np.zeros(data.n_rows)
+        self.dw = np.zeros(data.n_features + 1)
+        adaptive = params.aggregation == "adaptive"
+        self.line_len = (2 + (comm.size if self.loss != SQUARED else 0)) if adaptive else 0
+
+    @property
+    def shared_len(self) -> int:
+        return self.w.shape[0]
+
+    # -- the current point -------------------------------------------------------------------
+
+    def eval_pieces(self) -> np.ndarray:
+        d = self.data
+        return np.array(dual_objective_sums(d.indptr, d.indices, d.values, d.labels, d.weights,
+                                            self.alpha, self.w, self.loss, self.p.bias_scale,
+                                            d.n_features))
+
+    def objectives(self, sums: np.ndarray) -> tuple[float, float]:
+        half = 0.5 * self.p.l2 * seq_dot(self.w, self.w)
+        return sums[0] / self.n_weight + half, sums[1] / self.n_weight - half
+
+    # -- a round -----------------------------------------------------------------------------
+
+    def propose(self, round_index: int) -> None:
+        a, u = self.solver.solve(self.alpha, self.w, self.sigma, self.p.local_epochs,
+                                 self.p.seed, self.comm.rank, round_index)
+        np.subtract(a, self.alpha, out=self.dalpha)
+        scaled_difference(self.dw, u, self.w, 1.0 / self.sigma)
+
+    def shared_delta(self) -> np.ndarray:
+        return self.dw
+
+    def line_pieces(self) -> np.ndarray:
+        if not self.line_len:
+            return np.zeros(0)
+        d = self.data
+        p0, p1, gmax = dual_line_sums(self.loss, d.labels, d.weights, self.alpha, self.dalpha)
+        out = np.zeros(self.line_len)
+        out[0], out[1] = p0, p1
+        if self.loss != SQUARED:
+            out[2 + self.comm.rank] = gmax
+        return out
+
+    def gamma(self, dw: np.ndarray, sums: np.ndarray) -> float:
+        k = self.comm.size
+        if self.p.aggregation != "adaptive":
+            return fixed_gamma(self.p.aggregation, k)
+        lam, n_w = self.p.l2, self.n_weight
+        wd, dd = seq_dot(self.w, dw), seq_dot(dw, dw)
+        if self.loss == SQUARED:
+            return ridge_dual_gamma(sums[0], sums[1], wd, dd, lam, n_w)
+        gmax = float(np.min(sums[2:2 + k]))
+        if self.loss == HINGE:
+            return hinge_gamma(sums[0], wd, dd, lam, n_w, gmax)
+        assert self.loss == LOGISTIC
+        d = self.data
+
+        def derivs(g: float) -> tuple[float, float]:
+            s1, s2 = logistic_line_derivs(d.labels, d.weights, self.alpha, self.dalpha, g)
+            r = self.comm.allreduce_scalars([s1, s2])
+            return r[0], r[1]
+
+        return logistic_gamma(derivs, wd, dd, lam, n_w, gmax, start=1.0 / k)
+
+    def apply(self, gamma: float, dw: np.ndarray) -> None:
+        apply_dual_step(self.loss, self.data.labels, self.alpha, self.dalpha, gamma)
+        axpy(self.w, gamma, dw)
+
+    # -- model and checkpoints ---------------------------------------------------------------
+
+    def model(self) -> np.ndarray:
+        """beta (n_features + 1,), float64, identical on every rank."""
+        return self.w.copy()
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.alpha.copy(), self.w.copy()
+
+    def restore(self, local: np.ndarray, shared: np.ndarray) -> None:
+        if local.shape != self.alpha.shape or shared.shape != self.w.shape:
+            raise ValueError(
+                f"resume state does not fit this shard: alpha {local.shape} vs {self.alpha.shape}, "
+                f"w {shared.shape} vs {self.w.shape}"
+            )
+        np.copyto(self.alpha, local)
+        np.copyto(self.w, shared)

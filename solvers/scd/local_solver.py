@@ -1,0 +1,128 @@
+"""The local solvers: H epochs of SCD on a worker's CoCoA subproblem, sequential or threaded.
+
+``threads == 1`` is the reference: one random permutation of the coordinates per epoch.
+``threads > 1`` is the Snap ML scheme (buckets of consecutive coordinates, reshuffled and dealt
+to the partitions every epoch, thread-local shared-vector replicas merged by adding, i.e.
+sigma_part = sigma' * threads); see ``dual_kernels`` / ``primal_kernels``. The permutations come
+from ``numpy.random.default_rng((seed, rank, round, epoch))``, so a run is reproducible and a
+resumed run repeats the uninterrupted one exactly; the threaded result does not depend on
+thread timing either.
+
+Partitions are numba ``prange`` iterations; numba runs them on
+``min(threads, NUMBA_NUM_THREADS)`` OS threads (``numba.set_num_threads``, restored after).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numba
+import numpy as np
+
+from solvers.data import CSRData
+from solvers.scd.dual_kernels import dual_epoch, dual_epoch_buckets, row_sq_norms
+from solvers.scd.partition import FeatureBlock
+from solvers.scd.primal_kernels import col_sq_norms, primal_epoch, primal_epoch_buckets
+
+
+@contextlib.contextmanager
+def numba_threads(n: int):
+    """Run numba parallel kernels on up to ``n`` threads inside the block (thread-local)."""
+    prev = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(prev)
+
+
+def epoch_rng(seed: int, rank: int, round_index: int, epoch: int) -> np.random.Generator:
+    return np.random.default_rng((seed, rank, round_index, epoch))
+
+
+class _Schedule:
+    """Coordinate order of each epoch: a permutation, or a permutation of buckets."""
+
+    def __init__(self, n_coords: int, threads: int, bucket_size: int) -> None:
+        self.n = n_coords
+        self.threads = threads
+        self.bucket_size = bucket_size
+        self.n_buckets = -(-n_coords // bucket_size)
+
+    def order(self, rng: np.random.Generator) -> np.ndarray:
+        if self.threads == 1:
+            return rng.permutation(self.n)
+        return rng.permutation(self.n_buckets)
+
+
+class DualLocalSolver:
+    """SDCA epochs on one example shard: updates a copy of alpha and a replica u of the shared
+    vector w (length n_features + 1); ``scale = sigma / (lam N)``."""
+
+    def __init__(self, data: CSRData, loss: int, lam: float, n_weight: float, bias_scale: float,
+                 threads: int = 1, bucket_size: int = 16) -> None:
+        self.d = data
+        self.loss = loss
+        self.lam_n = lam * n_weight
+        self.bias_scale = float(bias_scale)
+        self.bias_index = data.n_features
+        self.sqn = row_sq_norms(data.indptr, data.values, self.bias_scale)
+        self.schedule = _Schedule(data.n_rows, threads, bucket_size)
+        self.alpha = np.zeros(data.n_rows)
+        self.u = np.zeros(data.n_features + 1)
+        self.replicas = np.zeros((threads, data.n_features + 1)) if threads > 1 else None
+
+    def solve(self, alpha: np.ndarray, w: np.ndarray, sigma: float, epochs: int,
+              seed: int, rank: int, round_index: int) -> tuple[np.ndarray, np.ndarray]:
+        """-> (alpha after the epochs, u = w + sigma dw_local); both are this solver's buffers."""
+        np.copyto(self.alpha, alpha)
+        np.copyto(self.u, w)
+        d, s = self.d, self.schedule
+        for e in range(epochs):
+            order = s.order(epoch_rng(seed, rank, round_index, e))
+            if self.replicas is None:
+                dual_epoch(d.indptr, d.indices, d.values, d.labels, d.weights, self.sqn, self.alpha,
+                           self.u, order, self.loss, sigma / self.lam_n, self.bias_scale,
+                           self.bias_index)
+            else:
+                with numba_threads(s.threads):
+                    dual_epoch_buckets(d.indptr, d.indices, d.values, d.labels, d.weights,
+                                       self.sqn, self.alpha, self.u, order, s.bucket_size,
+                                       self.replicas, self.loss, sigma * s.threads / self.lam_n,
+                                       self.bias_scale, self.bias_index)
+        return self.alpha, self.u
+
+
+class PrimalLocalSolver:
+    """Ridge SCD epochs on a block of columns: updates a copy of beta (the block) and a replica
+    u of the margins z (all rows)."""
+
+    def __init__(self, block: FeatureBlock, lam: float, n_weight: float, threads: int = 1,
+                 bucket_size: int = 16) -> None:
+        self.b = block
+        self.lam_n = lam * n_weight
+        self.csq = col_sq_norms(block.colptr, block.rows, block.vals, block.weights)
+        m = block.colptr.shape[0] - 1
+        n = block.labels.shape[0]
+        self.schedule = _Schedule(m, threads, bucket_size)
+        self.beta = np.zeros(m)
+        self.u = np.zeros(n)
+        self.replicas = np.zeros((threads, n)) if threads > 1 else None
+
+    def solve(self, beta: np.ndarray, z: np.ndarray, sigma: float, epochs: int,
+              seed: int, rank: int, round_index: int) -> tuple[np.ndarray, np.ndarray]:
+        """-> (beta after the epochs, u = z + sigma dz_local); both are this solver's buffers."""
+        np.copyto(self.beta, beta)
+        np.copyto(self.u, z)
+        b, s = self.b, self.schedule
+        for e in range(epochs):
+            order = s.order(epoch_rng(seed, rank, round_index, e))
+            if self.replicas is None:
+                primal_epoch(b.colptr, b.rows, b.vals, b.labels, b.weights, self.csq, self.beta,
+                             self.u, order, self.lam_n, sigma)
+            else:
+                with numba_threads(s.threads):
+                    primal_epoch_buckets(b.colptr, b.rows, b.vals, b.labels, b.weights, self.csq,
+                                         self.beta, self.u, order, s.bucket_size, self.replicas,
+                                         self.lam_n, sigma * s.threads)
+        return self.beta, self.u

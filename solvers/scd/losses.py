@@ -1,0 +1,190 @@
+"""The three losses: primal value, dual (conjugate) value, and the exact dual coordinate step.
+
+Notation (one example ``i``; labels ``y`` are 0/1 for classification, real for ridge; ``s = 2y - 1``
+is the +-1 label; ``z = x.beta`` is the margin). The trainer's objective is the weighted mean
+
+    P(beta) = (1/N) sum_i c_i phi_i(x_i . beta) + (lam/2) ||beta||^2,     N = sum_i c_i,
+
+and SDCA maximises its dual
+
+    D(alpha) = (1/N) sum_i c_i h_i(alpha_i) - (lam/2) ||w(alpha)||^2,
+    w(alpha) = (1/(lam N)) sum_i c_i alpha_i x_i,                          h_i(a) = -phi_i*(-a).
+
+At the optimum beta* = w(alpha*) and P(beta*) = D(alpha*); the duality gap P(w(alpha)) - D(alpha) >= 0
+bounds the primal suboptimality.
+
+=========  ====================  ==============================  ========================
+loss       phi(z)                h(a)                            dual domain
+=========  ====================  ==============================  ========================
+squared    (z - y)^2 / 2         a y - a^2 / 2                   a real
+logistic   log(1 + exp(-s z))    -b log b - (1-b) log(1-b),      b = s a in [0, 1]
+hinge      max(0, 1 - s z)       b                               b = s a in [0, 1]
+=========  ====================  ==============================  ========================
+
+Coordinate step. With ``dot = x_i . u`` (``u`` the current, possibly locally scaled, shared vector)
+and ``q = sigma c_i ||x_i||^2 / (lam N)``, the step maximises over ``a'``
+
+    h(a') - (a' - a) dot - q (a' - a)^2 / 2,
+
+which is SDCA's step (sigma = 1) or the CoCoA+ local-subproblem step (sigma = sigma'):
+
+* squared:  ``a' = a + (y - a - dot) / (1 + q)``  (the paper's Eq. 4 in this scaling);
+* hinge:    ``b' = clip(b + (1 - s dot) / q, 0, 1)``  (closed form, Liu & Hajewski Sec. 7.1);
+* logistic: ``t = logit(b')`` solves ``g(t) = -t - s dot - q (sigmoid(t) - b) = 0``; g is decreasing
+  with g' in [-1 - q/4, -1] and its root lies in ``(-s dot - q (1-b), -s dot + q b)``, so a
+  bracketed (safeguarded) Newton iteration converges in a few steps. ``b'`` is kept in
+  ``[B_EPS, 1 - B_EPS]``, strictly inside the domain, so logs never see 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba import njit
+
+SQUARED = 0
+LOGISTIC = 1
+HINGE = 2
+LOSS_CODES = {"squared": SQUARED, "logistic": LOGISTIC, "hinge": HINGE}
+
+B_EPS = 1e-15  # logistic dual variables b stay in [B_EPS, 1 - B_EPS]
+_NEWTON_MAX_ITER = 50
+_NEWTON_TOL = 1e-13
+
+
+@njit(cache=True, nogil=True)
+def sigmoid(t):
+    """1 / (1 + exp(-t)) without overflow."""
+    if t >= 0.0:
+        return 1.0 / (1.0 + math.exp(-t))
+    e = math.exp(t)
+    return e / (1.0 + e)
+
+
+@njit(cache=True, nogil=True)
+def log1pexp(x):
+    """log(1 + exp(x)) without overflow."""
+    if x > 0.0:
+        return x + math.log1p(math.exp(-x))
+    return math.log1p(math.exp(x))
+
+
+@njit(cache=True, nogil=True)
+def sign_label(y):
+    """0/1 label -> -1/+1."""
+    return 1.0 if y > 0.5 else -1.0
+
+
+@njit(cache=True, nogil=True)
+def primal_loss(loss, y, z):
+    """phi(y, z) of one example (see the module table)."""
+    if loss == SQUARED:
+        r = z - y
+        return 0.5 * r * r
+    m = sign_label(y) * z
+    if loss == LOGISTIC:
+        return log1pexp(-m)
+    return 1.0 - m if m < 1.0 else 0.0
+
+
+@njit(cache=True, nogil=True)
+def entropy(b):
+    """-b log b - (1-b) log(1-b), with 0 log 0 = 0."""
+    v = 0.0
+    if b > 0.0:
+        v -= b * math.log(b)
+    if b < 1.0:
+        v -= (1.0 - b) * math.log1p(-b)
+    return v
+
+
+@njit(cache=True, nogil=True)
+def dual_value(loss, y, a):
+    """h(a) = -phi*(-a) of one example (a feasible)."""
+    if loss == SQUARED:
+        return a * y - 0.5 * a * a
+    b = sign_label(y) * a
+    if loss == LOGISTIC:
+        return entropy(b)
+    return b
+
+
+@njit(cache=True, nogil=True)
+def _logistic_b(b, m, q):
+    """argmax over b' of entropy(b') - (b' - b) m - q (b' - b)^2 / 2, by bracketed Newton in logit space."""
+    lo = -m - q * (1.0 - b)
+    hi = -m + q * b
+    t = math.log(b) - math.log1p(-b)  # warm start at the current point
+    if not (lo < t < hi):
+        t = 0.5 * (lo + hi)
+    if hi - lo <= 0.0:  # q = 0: the root is -m exactly
+        t = -m
+    else:
+        for _ in range(_NEWTON_MAX_ITER):
+            p = sigmoid(t)
+            g = -t - m - q * (p - b)
+            if g > 0.0:
+                lo = t
+            else:
+                hi = t
+            nt = t - g / (-1.0 - q * p * (1.0 - p))
+            if not (lo < nt < hi):
+                nt = 0.5 * (lo + hi)
+            if abs(nt - t) <= _NEWTON_TOL * (1.0 + abs(t)):
+                t = nt
+                break
+            t = nt
+    b_new = sigmoid(t)
+    return min(max(b_new, B_EPS), 1.0 - B_EPS)
+
+
+@njit(cache=True, nogil=True)
+def _hinge_b(b, m, q):
+    """argmax over b' in [0, 1] of b' - (b' - b) m - q (b' - b)^2 / 2 (closed form)."""
+    if q > 0.0:
+        return min(max(b + (1.0 - m) / q, 0.0), 1.0)
+    if m < 1.0:
+        return 1.0
+    if m > 1.0:
+        return 0.0
+    return b
+
+
+@njit(cache=True, nogil=True)
+def dual_step(loss, y, a, dot, q):
+    """The new value of one dual coordinate (see the module docstring)."""
+    if loss == SQUARED:
+        return a + (y - a - dot) / (1.0 + q)
+    s = sign_label(y)
+    b = s * a
+    m = s * dot
+    if loss == LOGISTIC:
+        return s * _logistic_b(b, m, q)
+    return s * _hinge_b(b, m, q)
+
+
+@njit(cache=True, nogil=True)
+def dual_lower(loss):
+    """Smallest feasible b = s a (no bound for squared: -inf)."""
+    if loss == LOGISTIC:
+        return B_EPS
+    if loss == HINGE:
+        return 0.0
+    return -math.inf
+
+
+@njit(cache=True, nogil=True)
+def dual_upper(loss):
+    """Largest feasible b = s a (no bound for squared: +inf)."""
+    if loss == LOGISTIC:
+        return 1.0 - B_EPS
+    if loss == HINGE:
+        return 1.0
+    return math.inf
+
+
+def loss_code(name: str) -> int:
+    try:
+        return LOSS_CODES[name]
+    except KeyError:
+        raise ValueError(f"loss {name!r} is not one of {sorted(LOSS_CODES)}") from None

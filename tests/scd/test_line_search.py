@@ -1,0 +1,142 @@
+"""Adaptive aggregation: the gamma the solver computes equals a brute-force line search (dense
+grid, then bounded refinement) of the objective along the aggregated proposal of K = 4 workers,
+the objective evaluated from its definition."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize_scalar
+
+from allreduce.communicator import LocalCommunicator
+from solvers.scd import CocoaParams, train_cocoa
+from solvers.scd.line_search import (
+    dual_line_sums,
+    hinge_gamma,
+    logistic_gamma,
+    logistic_line_derivs,
+    ridge_dual_gamma,
+    ridge_primal_gamma,
+    seq_dot,
+)
+from solvers.scd.local_solver import DualLocalSolver, PrimalLocalSolver
+from solvers.scd.losses import loss_code
+from solvers.scd.partition import FeatureBlock, feature_block
+from tests.scd.helpers import dense_augmented, make_data, objective
+
+LAM = 1e-2
+K = 4
+
+
+def _state_after(data, loss, formulation, rounds):
+    """(local, shared) after a few rounds of a single-rank run: a point away from the start."""
+    states = []
+    params = CocoaParams(loss=loss, formulation=formulation, l2=LAM, max_rounds=rounds, tol=0.0)
+    train_cocoa(data, LocalCommunicator(), params, on_round_end=states.append)
+    return states[-1].local, states[-1].shared
+
+
+def _brute_force(f, hi):
+    """argmin of f on [0, hi]: a 4001-point grid, then a bounded search around the best point."""
+    grid = np.linspace(0.0, hi, 4001)
+    vals = np.array([f(g) for g in grid])
+    j = int(np.argmin(vals))
+    lo, up = grid[max(j - 1, 0)], grid[min(j + 1, grid.size - 1)]
+    res = minimize_scalar(f, bounds=(lo, up), method="bounded", options={"xatol": 1e-12})
+    return min([res.x, grid[j]], key=f)
+
+
+def _dual_proposal(data, loss, alpha, w):
+    """Each of K row blocks runs one sigma' = 1 epoch from (alpha, w); sum of the proposals."""
+    x = data.to_scipy()
+    n_w = float(data.weights.sum(dtype=np.float64))
+    cuts = np.linspace(0, data.n_rows, K + 1).astype(int)
+    dalpha, dw = np.zeros_like(alpha), np.zeros_like(w)
+    from solvers.data import CSRData
+
+    for k in range(K):
+        a, b = cuts[k], cuts[k + 1]
+        shard = CSRData.from_scipy(x[a:b], data.labels[a:b], data.weights[a:b], data.n_features)
+        solver = DualLocalSolver(shard, loss_code(loss), LAM, n_w, 1.0)
+        new_alpha, u = solver.solve(alpha[a:b], w, 1.0, 1, seed=5, rank=k, round_index=1)
+        dalpha[a:b] = new_alpha - alpha[a:b]
+        dw += u - w
+    return dalpha, dw
+
+
+def _dual_objective(data, loss, alpha):
+    """D(alpha) from the definition, w(alpha) recomputed from alpha."""
+    x = dense_augmented(data, 1.0)
+    y, c = data.labels.astype(np.float64), data.weights.astype(np.float64)
+    n_w = c.sum()
+    w = x.T @ (c * alpha) / (LAM * n_w)
+    if loss == "squared":
+        h = alpha * y - 0.5 * alpha**2
+    else:
+        b = np.clip((2 * y - 1) * alpha, 0.0, 1.0)
+        if loss == "hinge":
+            h = b
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                h = -np.nan_to_num(b * np.log(b)) - np.nan_to_num((1 - b) * np.log1p(-b))
+    return c @ h / n_w - 0.5 * LAM * w @ w
+
+
+@pytest.mark.parametrize("loss", ["squared", "logistic", "hinge"])
+def test_dual_gamma_equals_brute_force(loss):
+    data = make_data(loss, seed=11)
+    alpha, w = _state_after(data, loss, "dual", rounds=2)
+    dalpha, dw = _dual_proposal(data, loss, alpha, w)
+    n_w = float(data.weights.sum(dtype=np.float64))
+    code = loss_code(loss)
+    p0, p1, gmax = dual_line_sums(code, data.labels, data.weights, alpha, dalpha)
+    wd, dd = seq_dot(w, dw), seq_dot(dw, dw)
+    if loss == "squared":
+        gamma = ridge_dual_gamma(p0, p1, wd, dd, LAM, n_w)
+    elif loss == "hinge":
+        gamma = hinge_gamma(p0, wd, dd, LAM, n_w, gmax)
+    else:
+        comm = LocalCommunicator()
+
+        def derivs(g):
+            return tuple(comm.allreduce_scalars(
+                list(logistic_line_derivs(data.labels, data.weights, alpha, dalpha, g))))
+
+        gamma = logistic_gamma(derivs, wd, dd, LAM, n_w, gmax, start=1.0 / K)
+    assert gmax >= 1.0 - 1e-12
+    hi = min(gmax, 4.0 * max(gamma, 1.0))
+    best = _brute_force(lambda g: -_dual_objective(data, loss, alpha + g * dalpha), hi)
+    assert gamma == pytest.approx(best, rel=1e-6, abs=1e-7)
+    assert 1.0 / K < gamma  # the optimum is well away from averaging on this data
+
+
+def _sub_block(block: FeatureBlock, cols: np.ndarray) -> FeatureBlock:
+    """The columns ``cols`` (slots of ``block``) as a block of their own."""
+    starts, stops = block.colptr[cols], block.colptr[cols + 1]
+    take = np.concatenate([np.arange(a, b) for a, b in zip(starts, stops, strict=True)])
+    colptr = np.concatenate([[0], np.cumsum(stops - starts)]).astype(np.int64)
+    return replace(block, colptr=colptr, rows=block.rows[take], vals=block.vals[take],
+                   owned=block.owned[cols])
+
+
+def test_primal_gamma_equals_brute_force():
+    data = make_data("squared", seed=12)
+    beta, z = _state_after(data, "squared", "primal", rounds=1)
+    full = feature_block(data, LocalCommunicator(), 1.0)
+    n_w = float(data.weights.sum(dtype=np.float64))
+    dbeta, dz = np.zeros_like(beta), np.zeros_like(z)
+    for k in range(K):
+        cols = np.arange(k, beta.shape[0], K)
+        solver = PrimalLocalSolver(_sub_block(full, cols), LAM, n_w)
+        new_beta, u = solver.solve(beta[cols], z, 1.0, 1, seed=5, rank=k, round_index=1)
+        dbeta[cols] = new_beta - beta[cols]
+        dz += u - z
+    from solvers.scd.primal_kernels import residual_direction_sums
+
+    a, b = residual_direction_sums(z, dz, full.labels, full.weights)
+    gamma = ridge_primal_gamma(a, b, seq_dot(beta, dbeta), seq_dot(dbeta, dbeta), LAM, n_w)
+    best = _brute_force(lambda g: objective("squared", data, beta + g * dbeta, LAM), 4.0)
+    assert gamma == pytest.approx(best, rel=1e-6, abs=1e-7)
+    assert 1.0 / K < gamma

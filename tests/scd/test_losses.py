@@ -1,0 +1,88 @@
+"""The scalar formulas: dual coordinate steps against a brute-force 1-D maximisation, and the
+numerical guards of the logistic pieces."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize_scalar
+
+from solvers.scd.losses import (
+    B_EPS,
+    HINGE,
+    LOGISTIC,
+    SQUARED,
+    dual_step,
+    dual_value,
+    log1pexp,
+    loss_code,
+    primal_loss,
+    sigmoid,
+)
+
+
+def _brute_step(loss, y, a, dot, q):
+    """argmax_a' h(a') - (a' - a) dot - q (a' - a)^2 / 2 by bounded scalar search over b = s a'."""
+    s = 1.0 if y > 0.5 else -1.0
+
+    def neg(b):
+        a2 = s * b if loss != SQUARED else b
+        return -(dual_value(loss, y, a2) - (a2 - a) * dot - 0.5 * q * (a2 - a) ** 2)
+
+    if loss == SQUARED:
+        res = minimize_scalar(neg, bracket=(a - 10, a + 10), tol=1e-12)
+        return res.x
+    res = minimize_scalar(neg, bounds=(0.0, 1.0), method="bounded", options={"xatol": 1e-12})
+    best = min([res.x, 0.0, 1.0], key=neg)
+    return s * best
+
+
+@pytest.mark.parametrize("loss", [SQUARED, LOGISTIC, HINGE])
+def test_dual_step_is_the_exact_maximiser(loss):
+    rng = np.random.default_rng(loss)
+    for _ in range(200):
+        y = float(rng.integers(0, 2)) if loss != SQUARED else float(rng.standard_normal() * 3)
+        s = 1.0 if y > 0.5 else -1.0
+        a = float(rng.standard_normal()) if loss == SQUARED else s * float(rng.uniform(0.01, 0.99))
+        dot = float(rng.standard_normal() * 3)
+        q = float(rng.choice([0.0, 1e-3, 0.3, 5.0, 200.0]))
+        got = dual_step(loss, y, a, dot, q)
+        want = _brute_step(loss, y, a, dot, q)
+
+        def obj(a2, y=y, a=a, dot=dot, q=q):
+            return dual_value(loss, y, a2) - (a2 - a) * dot - 0.5 * q * (a2 - a) ** 2
+
+        # objective at our step is at least the brute force's (up to the search tolerance)
+        assert obj(got) >= obj(want) - 1e-9, (loss, y, a, dot, q, got, want)
+        if loss != HINGE or q > 0:  # hinge with q = 0 is linear: any maximiser will do
+            assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_logistic_step_stays_strictly_inside_the_domain():
+    for dot in (-800.0, -40.0, 0.0, 40.0, 800.0):
+        for a in (0.0, B_EPS, 0.5, 1.0 - B_EPS, 1.0):
+            for q in (0.0, 1e-9, 1.0, 1e6):
+                b = dual_step(LOGISTIC, 1.0, a, dot, q)
+                assert B_EPS <= b <= 1.0 - B_EPS and math.isfinite(dual_value(LOGISTIC, 1.0, b))
+
+
+def test_stable_logistic_pieces():
+    assert primal_loss(LOGISTIC, 1.0, 1000.0) == pytest.approx(0.0, abs=1e-300)
+    assert primal_loss(LOGISTIC, 1.0, -1000.0) == pytest.approx(1000.0)
+    assert primal_loss(LOGISTIC, 0.0, 1000.0) == pytest.approx(1000.0)
+    assert log1pexp(800.0) == 800.0 and log1pexp(-800.0) == 0.0
+    assert sigmoid(-800.0) == 0.0 and sigmoid(800.0) == 1.0
+    assert dual_value(LOGISTIC, 1.0, 0.0) == 0.0 and dual_value(LOGISTIC, 0.0, -1.0) == 0.0
+    assert dual_value(LOGISTIC, 1.0, 0.5) == pytest.approx(math.log(2.0))
+
+
+def test_primal_and_dual_values_by_definition():
+    assert primal_loss(SQUARED, 2.0, 0.5) == pytest.approx(1.125)
+    assert primal_loss(HINGE, 0.0, -0.25) == pytest.approx(0.75)  # label 0 -> s = -1
+    assert primal_loss(HINGE, 1.0, 2.0) == 0.0
+    assert dual_value(SQUARED, 2.0, 1.0) == pytest.approx(1.5)
+    assert dual_value(HINGE, 0.0, -0.25) == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="not one of"):
+        loss_code("poisson")
