@@ -27,6 +27,23 @@ _REPLIES = frozenset({MsgType.TOPOLOGY, MsgType.STAND_DOWN, MsgType.ABORT})
 _NOTICES = frozenset({MsgType.STAND_DOWN, MsgType.ABORT})
 
 
+def _open(address: tuple[str, int], key: bytes, info: dict[str, Any], connect_timeout_s: float,
+          handshake_timeout_s: float, io_timeout_s: float, max_frame_bytes: int) -> Channel:
+    """Connect to the tree server and authenticate as a worker within the timeouts."""
+    key = proto.check_key(key)
+    sock = connect(address, rank=None, peer=SERVER, timeout_s=connect_timeout_s)
+    try:
+        chan, _ = client_handshake(
+            sock, key, role="worker", expect_role="server", info=info, rank=None, peer=SERVER,
+            handshake_timeout_s=handshake_timeout_s, io_timeout_s=io_timeout_s,
+            max_frame_bytes=max_frame_bytes,
+        )
+    except BaseException:
+        sock.close()
+        raise
+    return chan
+
+
 class ServerSession:
     """One attempt's authenticated connection to the :class:`~allreduce.server.TreeServer`."""
 
@@ -51,25 +68,9 @@ class ServerSession:
         max_frame_bytes: int = proto.DEFAULT_MAX_FRAME_BYTES,
     ) -> ServerSession:
         """Connect to the server and authenticate within the timeouts."""
-        key = proto.check_key(key)
         attempt_id = str(attempt_id)
-        sock = connect(address, rank=None, peer=SERVER, timeout_s=connect_timeout_s)
-        try:
-            chan, _ = client_handshake(
-                sock,
-                key,
-                role="worker",
-                expect_role="server",
-                info={"shard": shard, "attempt_id": attempt_id},
-                rank=None,
-                peer=SERVER,
-                handshake_timeout_s=handshake_timeout_s,
-                io_timeout_s=io_timeout_s,
-                max_frame_bytes=max_frame_bytes,
-            )
-        except BaseException:
-            sock.close()
-            raise
+        chan = _open(address, key, {"shard": shard, "attempt_id": attempt_id}, connect_timeout_s,
+                     handshake_timeout_s, io_timeout_s, max_frame_bytes)
         return cls(chan, shard, attempt_id)
 
     def report_progress(self, rows_done: int) -> None:
@@ -171,17 +172,8 @@ class SpareSession:
         io_timeout_s: float = 120.0,
         max_frame_bytes: int = proto.DEFAULT_MAX_FRAME_BYTES,
     ) -> SpareSession:
-        key = proto.check_key(key)
-        sock = connect(address, rank=None, peer=SERVER, timeout_s=connect_timeout_s)
-        try:
-            chan, _ = client_handshake(
-                sock, key, role="worker", expect_role="server", info={"spare": int(spare)},
-                rank=None, peer=SERVER, handshake_timeout_s=handshake_timeout_s,
-                io_timeout_s=io_timeout_s, max_frame_bytes=max_frame_bytes,
-            )
-        except BaseException:
-            sock.close()
-            raise
+        chan = _open(address, key, {"spare": int(spare)}, connect_timeout_s, handshake_timeout_s,
+                     io_timeout_s, max_frame_bytes)
         return cls(chan, int(spare))
 
     def wait_assignment(self, *, poll_s: float, timeout_s: float) -> int | None:

@@ -21,6 +21,8 @@ import math
 import numpy as np
 from numba import njit
 
+from pipeline.rowkernels import write_int
+
 MASK32 = 0xFFFFFFFF
 WORDS_PER_ROW = 40  # 13 integer fields + 26 categorical fields + 1 label draw
 N_INT = 13
@@ -190,30 +192,6 @@ def sample_chunk(
 
 
 @njit(cache=True, inline="always")
-def _put_int(buf, pos, v):
-    """Write the decimal text of int64 ``v`` at ``pos``; return the new position."""
-    if v < 0:
-        buf[pos] = 45  # '-'
-        pos += 1
-        v = -v
-    if v == 0:
-        buf[pos] = 48
-        return pos + 1
-    nd = 0
-    t = v
-    while t > 0:
-        nd += 1
-        t //= 10
-    end = pos + nd
-    k = end - 1
-    while v > 0:
-        buf[k] = 48 + v % 10
-        v //= 10
-        k -= 1
-    return end
-
-
-@njit(cache=True, inline="always")
 def _put_hex8(buf, pos, code):
     """Write ``code`` (0 <= code < 2^32) as 8 lowercase hex digits; return the new position."""
     for k in range(8):
@@ -263,7 +241,7 @@ def format_chunk(labels, ints, codes, kinds, subs, buf):
             pos += 1
             v = ints[i, j]
             if j == bad_int:
-                pos = _put_int(buf, pos, 3 if v == MISSING_INT else v)
+                pos = write_int(3 if v == MISSING_INT else v, buf, pos)
                 if (sub >> 8) & 1:
                     buf[pos] = 120  # '12x'
                     pos += 1
@@ -272,7 +250,7 @@ def format_chunk(labels, ints, codes, kinds, subs, buf):
                     buf[pos + 1] = 53
                     pos += 2
             elif v != MISSING_INT:
-                pos = _put_int(buf, pos, v)
+                pos = write_int(v, buf, pos)
         bad_cat = sub % N_CAT if (kind == K_INVALID_UTF8 or kind == K_LINE_TOO_LONG) else -1
         last = N_CAT
         if kind == K_WRONG_FIELD_COUNT and (sub >> 8) & 1 == 0:

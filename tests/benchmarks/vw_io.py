@@ -14,6 +14,8 @@ import time
 import numpy as np
 from numba import njit
 
+from pipeline.rowkernels import write_int
+
 
 @njit(cache=True)
 def _format(indptr, indices, values, labels, out):
@@ -32,20 +34,7 @@ def _format(indptr, indices, values, labels, out):
         for k in range(indptr[i], indptr[i + 1]):
             out[pos] = 32
             pos += 1
-            v = indices[k]
-            start = pos
-            if v == 0:
-                out[pos] = 48
-                pos += 1
-            while v > 0:
-                out[pos] = 48 + v % 10
-                v //= 10
-                pos += 1
-            a, b = start, pos - 1
-            while a < b:
-                out[a], out[b] = out[b], out[a]
-                a += 1
-                b -= 1
+            pos = write_int(np.int64(indices[k]), out, pos)
             if values[k] != 1.0:
                 out[pos] = 58  # ":" then the value as an integer count (collisions)
                 pos += 1
