@@ -56,6 +56,9 @@ class LazyCommunicator(Communicator):
             return {"calls": [], "totals": {"calls": 0, "bytes": 0, "wall_s": 0.0, "wait_s": 0.0, "transfer_s": 0.0}}
         return self._comm.stats()
 
+    def totals(self) -> dict[str, Any]:
+        return self.stats()["totals"] if self._comm is None else self._comm.totals()
+
     def close(self, error: BaseException | None = None) -> None:
         if self._comm is not None:
             self._comm.close(error)

@@ -188,6 +188,9 @@ class TreeNode(Communicator):
     def stats(self) -> dict[str, Any]:
         return self._stats.snapshot()
 
+    def totals(self) -> dict[str, Any]:
+        return dict(self._stats.totals)
+
     def close(self, error: BaseException | None = None) -> None:
         """Close every link; with ``error`` (and no abort sent yet) send ABORT first."""
         if self._closed:

@@ -121,5 +121,8 @@ class AgreeingCommunicator(Communicator):
     def stats(self) -> dict[str, Any]:
         return self.inner.stats()
 
+    def totals(self) -> dict[str, Any]:
+        return self.inner.totals()
+
     def close(self, error: BaseException | None = None) -> None:
         pass

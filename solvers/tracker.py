@@ -74,7 +74,7 @@ class PassTracker:
         return self.early_stopping and self.stale >= self.early_stop_passes
 
     def _totals(self) -> dict[str, float]:
-        return self.comm.stats()["totals"]
+        return self.comm.totals()
 
     def _holdout_sums(self, theta: np.ndarray) -> tuple[float, str | None]:
         hold = self.inputs.holdout

@@ -123,10 +123,11 @@ def test_scalars_barrier_shapes_and_stats():
         matrix = node.allreduce(np.full((3, 7), node.rank + 1, dtype=np.float64))
         strided = node.allreduce(np.arange(40, dtype=np.float32)[::2])
         big_endian = node.allreduce(np.ones(9, dtype=">f8"))
-        return sums, empty, matrix, strided, big_endian, node.stats()
+        return sums, empty, matrix, strided, big_endian, node.stats(), node.totals()
 
     run = run_tree(4, body)
-    for sums, empty, matrix, strided, big_endian, stats in run.results:
+    for sums, empty, matrix, strided, big_endian, stats, totals in run.results:
+        assert totals == stats["totals"]
         assert sums == [6.0, 4.0, 2.0] and all(type(v) is float for v in sums)
         assert empty == []
         assert matrix.shape == (3, 7) and np.all(matrix == 10.0)
@@ -164,6 +165,19 @@ def test_unsupported_dtypes_and_roots_are_rejected_on_every_communicator():
         local.allreduce(np.arange(3))
     with pytest.raises(ValueError):
         local.broadcast(np.ones(2), root=1)
+
+
+def test_totals_match_stats_on_local_and_lazy_communicators():
+    from allreduce.lazy import LazyCommunicator
+
+    local = LocalCommunicator()
+    lazy = LazyCommunicator(0, 1, LocalCommunicator)
+    assert lazy.totals()["calls"] == 0 and not lazy.joined
+    for c in (local, lazy):
+        c.allreduce(np.ones(5, np.float32))
+        c.allreduce_scalars([1.0])
+        assert c.totals() == c.stats()["totals"] and c.totals()["calls"] == 2
+    assert lazy.joined
 
 
 def test_local_communicator_is_the_size_one_twin():
