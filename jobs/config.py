@@ -183,8 +183,8 @@ class TrainConf:
     workers: int = param(2, "K: number of shards and AllReduce ranks", Interval(1, 4096, integer=True))
     spares: int = param(0, "S: spare barrier tasks that race the slowest shard's first pass", Interval(0, 4096, integer=True))
     max_attempts: int = param(3, "driver-side attempts of the barrier stage (Spark does not retry it)", Interval(1, 100, integer=True))
-    solver: str = param(_SP.solver, "hybrid (online pass + weighted average, then L-BFGS), online, lbfgs, cocoa",
-                        OneOf(("hybrid", "online", "lbfgs", "cocoa")))
+    solver: str = param(_SP.solver, "hybrid (online pass + weighted average, then L-BFGS), online, lbfgs",
+                        OneOf(("hybrid", "online", "lbfgs")))
     loss: str = param(_SP.loss, "logistic (labels 0/1), squared, hinge", OneOf(("logistic", "squared", "hinge")))
     l2: float = param(_SP.l2, "lambda of the mean-form objective (1/sum w) sum w*loss + lambda/2 |beta|^2", Interval(0, None))
     passes: int = param(_SP.passes, "maximum passes over the data, online passes included", Interval(1, 100000, integer=True))

@@ -57,6 +57,7 @@ def test_set_parses_by_type():
         (["featurize.bits=40"], "featurize.bits = 40: must be an integer in [1, 31]"),
         (["featurize.bits=abc"], "featurize.bits = 'abc': must be an integer"),
         (["featurize.format=csv"], "featurize.format = 'csv': must be one of 'criteo', 'libsvm'"),
+        (["train.solver=sgd"], "train.solver = 'sgd': must be one of 'hybrid', 'online', 'lbfgs'"),
         (["featurize.conjunctions=[[C1, X9]]"], "field 'X9' is not in featurize.fields"),
         (["featurize.conjunctions=[C1]"], "featurize.conjunctions[0] = 'C1': must be a pair of field names"),
         (["featurize.fields=[I1, I1]"], "featurize.fields = ('I1', 'I1'): must be distinct names"),
@@ -86,6 +87,18 @@ def test_file_errors_name_the_file(tmp_path):
         load_config([bad])
     with pytest.raises(ConfigError, match="cannot read"):
         load_config([tmp_path / "missing.yaml"])
+
+
+def test_train_keys_mirror_the_solver_parameters():
+    import dataclasses
+
+    from jobs.train_job import solver_params
+    from solvers.params import SolverParams
+
+    cfg = load_config([], ["train.l2=0.5", "train.solver=lbfgs", "train.shuffle=true"])
+    assert solver_params(cfg) == SolverParams(l2=0.5, solver="lbfgs", shuffle=True)
+    assert solver_params(Config()) == SolverParams()  # the defaults are the solvers' own
+    assert {f.name for f in dataclasses.fields(SolverParams)} <= {k.split(".")[1] for k in all_keys() if k.startswith("train.")}
 
 
 def test_every_parameter_has_help_text():
