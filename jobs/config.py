@@ -183,8 +183,8 @@ class TrainConf:
     workers: int = param(2, "K: number of shards and AllReduce ranks", Interval(1, 4096, integer=True))
     spares: int = param(0, "S: spare barrier tasks that race the slowest shard's first pass", Interval(0, 4096, integer=True))
     max_attempts: int = param(3, "driver-side attempts of the barrier stage (Spark does not retry it)", Interval(1, 100, integer=True))
-    solver: str = param(_SP.solver, "hybrid (online pass + weighted average, then L-BFGS), online, lbfgs",
-                        OneOf(("hybrid", "online", "lbfgs")))
+    solver: str = param(_SP.solver, "hybrid (online pass + weighted average, then L-BFGS), online, lbfgs, "
+                        "cocoa (SCD local solver, CoCoA aggregation)", OneOf(("hybrid", "online", "lbfgs", "cocoa")))
     loss: str = param(_SP.loss, "logistic (labels 0/1), squared, hinge", OneOf(("logistic", "squared", "hinge")))
     l2: float = param(_SP.l2, "lambda of the mean-form objective (1/sum w) sum w*loss + lambda/2 |beta|^2", Interval(0, None))
     passes: int = param(_SP.passes, "maximum passes over the data, online passes included", Interval(1, 100000, integer=True))
@@ -193,6 +193,11 @@ class TrainConf:
     lbfgs_memory: int = param(_SP.lbfgs_memory, "L-BFGS correction pairs kept", Interval(1, 1000, integer=True))
     tol: float = param(_SP.tol, "relative tolerance on the gradient norm and the objective change", Interval(0, 1))
     early_stop_passes: int = param(_SP.early_stop_passes, "stop after this many passes without a better held-out loss (0: off)", Interval(0, 100000, integer=True))
+    local_epochs: int = param(_SP.local_epochs, "cocoa: local SCD epochs per round (H)", Interval(1, 1000000, integer=True))
+    aggregation: str = param(_SP.aggregation, "cocoa: adaptive (optimal step gamma), avg (1/K) or add (CoCoA+)",
+                             OneOf(("adaptive", "avg", "add")))
+    threads: int = param(_SP.threads, "cocoa: local solver threads per worker", Interval(1, 1024, integer=True))
+    formulation: str = param(_SP.formulation, "cocoa: dual, or primal (squared loss only)", OneOf(("dual", "primal")))
     holdout_period: int = param(10, "every Nth row of each shard is held out for early stopping (VW's --holdout_period); 0 = none", Interval(0, 1000000, integer=True))
     seed: int = param(_SP.seed, "seed of any shuffling", Interval(0, 2**32 - 1, integer=True))
     shuffle: bool = param(_SP.shuffle, "shuffle the rows of each online pass (off: stored order, like VW)")

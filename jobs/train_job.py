@@ -59,7 +59,8 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     staging = modeldir.staging_dir(model_dir, run_id)
     task = TaskSpec(
         shards=tuple(tuple(s) for s in shards), n_features=1 << int(spec["bits"]), params=params,
-        holdout_period=t.holdout_period, checkpoint_dir=ckpt, checkpoint_interval_s=t.checkpoint_interval_s,
+        # CoCoA stops on the duality gap and uses no held-out rows: train on all of them
+        holdout_period=0 if params.solver == "cocoa" else t.holdout_period, checkpoint_dir=ckpt, checkpoint_interval_s=t.checkpoint_interval_s,
         staging_dir=staging,
         inject=Inject(**dataclasses.asdict(t.inject)), init_weights=t.init_model,
     )

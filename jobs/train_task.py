@@ -82,10 +82,8 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
     data = read_csr(list(spec.shards[ctx.shard]), spec.n_features)
     read_s = time.perf_counter() - t0
     train_data, holdout = data.split_holdout(spec.holdout_period)
-    resume = None
-    found = checkpoint.latest(spec.checkpoint_dir) if spec.checkpoint_dir else None
-    if found is not None:
-        resume = found[1]
+    found = _resume(spec.checkpoint_dir, ctx.shard, ctx.num_shards)
+    resume = None if found is None else found[1]
     init = None
     if resume is None and spec.init_weights:
         w, b, _ = modeldir.load_model(spec.init_weights)
@@ -98,8 +96,15 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
     def on_pass_end(state: dict) -> None:
         p = int(state["pass"])
         spec.inject.maybe_fail(ctx.shard, ctx.attempt, p)
+        if not spec.checkpoint_dir:
+            return
         due = time.monotonic() - last_saved[0] >= spec.checkpoint_interval_s
-        if comm.rank == 0 and spec.checkpoint_dir and due:
+        if state.get("per_rank"):
+            # every rank saves its own state, on one decision, so a common pass always exists
+            if comm.allreduce_scalars([1.0 if due else 0.0])[0] > 0:
+                checkpoint.save(checkpoint.rank_dir(spec.checkpoint_dir, comm.rank), p, state, keep=2)
+                last_saved[0] = time.monotonic()
+        elif comm.rank == 0 and due:
             checkpoint.save(spec.checkpoint_dir, p, state)
             last_saved[0] = time.monotonic()
 
@@ -124,6 +129,14 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
                        "csr_bytes": int(counts[3])},
         })
     return out
+
+
+def _resume(directory: str, rank: int, size: int) -> tuple[int, dict] | None:
+    """The checkpoint to resume from: the shared one rank 0 wrote, or this rank's own at the
+    newest pass every rank checkpointed (solvers with per-rank state)."""
+    if not directory:
+        return None
+    return checkpoint.latest(directory) or checkpoint.common_latest(directory, rank, size)
 
 
 def _peak_rss() -> int:

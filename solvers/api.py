@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+import solvers.cocoa_solver  # noqa: F401 - registers "cocoa"
 import solvers.hybrid  # noqa: F401 - registers "hybrid"
 import solvers.lbfgs  # noqa: F401 - registers "lbfgs"
 import solvers.online  # noqa: F401 - registers "online"
@@ -26,7 +27,7 @@ from solvers.errors import NonFiniteInputError
 from solvers.kernels.losses import LOSS_IDS
 from solvers.objective import DistributedObjective
 from solvers.params import SolverParams
-from solvers.registry import SOLVERS, get_solver, register_solver
+from solvers.registry import RESUME_CHECKS, SOLVERS, get_solver, register_solver
 from solvers.run import TrainResult, TrainRun, rows_reporter
 from solvers.setup import AgreeingCommunicator, Inputs
 from solvers.state import check_resume
@@ -55,7 +56,7 @@ def train(data: CSRData, comm: Communicator, params: SolverParams | None = None,
     params = params or SolverParams()
     solve = get_solver(params.solver)
     if resume is not None:
-        check_resume(resume, params, data.n_features)
+        RESUME_CHECKS.get(params.solver, check_resume)(resume, params, data.n_features)
     theta0 = None if init is None or resume is not None else _initial_theta(init, data.n_features)
     inputs = Inputs(comm.rank, data, holdout, params.loss)
     solver_comm = AgreeingCommunicator(comm, inputs)

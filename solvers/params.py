@@ -54,6 +54,14 @@ class SolverParams:
     #: Importance-invariant online updates (Karampatziakis & Langford); off = plain adaptive,
     #: normalized gradient steps, which can diverge with a large learning rate.
     invariant: bool = True
+    #: CoCoA only (solver "cocoa"): local epochs H per round, the aggregation ("adaptive": the
+    #: optimal step; "avg": 1/K; "add": CoCoA+), local solver threads, and the formulation
+    #: ("dual"; "primal" for the squared loss only). ``passes`` bounds the rounds, and ``tol``
+    #: is the relative duality gap that stops them.
+    local_epochs: int = 1
+    aggregation: str = "adaptive"
+    threads: int = 1
+    formulation: str = "dual"
 
     def __post_init__(self) -> None:
         for name, (check, allowed) in CONSTRAINTS.items():
@@ -100,4 +108,8 @@ CONSTRAINTS = {
     "seed": (_int_in(0, 2**63 - 1), "an integer in [0, 2^63 - 1]"),
     "shuffle": (lambda v: isinstance(v, bool), "true or false"),
     "invariant": (lambda v: isinstance(v, bool), "true or false"),
+    "local_epochs": (_int_in(1, 1_000_000), "an integer in [1, 1000000]"),
+    "aggregation": (lambda v: v in ("adaptive", "avg", "add"), "one of 'adaptive', 'avg', 'add'"),
+    "threads": (_int_in(1, 1024), "an integer in [1, 1024]"),
+    "formulation": (lambda v: v in ("dual", "primal"), "one of 'dual', 'primal'"),
 }

@@ -22,10 +22,16 @@ from typing import Any
 SolverFn = Callable[[Any], Any]
 
 SOLVERS: dict[str, SolverFn] = {}
+#: solvers whose checkpoint state has its own layout register how to check a resume state
+RESUME_CHECKS: dict[str, Callable[..., None]] = {}
 
 
-def register_solver(name: str, *, replace: bool = False) -> Callable[[SolverFn], SolverFn]:
-    """Decorator registering ``fn`` under ``name`` (a second registration needs ``replace``)."""
+def register_solver(name: str, *, replace: bool = False,
+                    check_resume: Callable[..., None] | None = None) -> Callable[[SolverFn], SolverFn]:
+    """Decorator registering ``fn`` under ``name`` (a second registration needs ``replace``).
+
+    ``check_resume(state, params, n_features)`` replaces the default check of a resume state.
+    """
     if not isinstance(name, str) or not name:
         raise ValueError(f"solver name must be a non-empty string, got {name!r}")
 
@@ -33,6 +39,8 @@ def register_solver(name: str, *, replace: bool = False) -> Callable[[SolverFn],
         if name in SOLVERS and SOLVERS[name] is not fn and not replace:
             raise ValueError(f"solver {name!r} is already registered ({SOLVERS[name]!r})")
         SOLVERS[name] = fn
+        if check_resume is not None:
+            RESUME_CHECKS[name] = check_resume
         return fn
 
     return add

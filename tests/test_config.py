@@ -57,7 +57,7 @@ def test_set_parses_by_type():
         (["featurize.bits=40"], "featurize.bits = 40: must be an integer in [1, 31]"),
         (["featurize.bits=abc"], "featurize.bits = 'abc': must be an integer"),
         (["featurize.format=csv"], "featurize.format = 'csv': must be one of 'criteo', 'libsvm'"),
-        (["train.solver=sgd"], "train.solver = 'sgd': must be one of 'hybrid', 'online', 'lbfgs'"),
+        (["train.solver=sgd"], "train.solver = 'sgd': must be one of 'hybrid', 'online', 'lbfgs', 'cocoa'"),
         (["featurize.conjunctions=[[C1, X9]]"], "field 'X9' is not in featurize.fields"),
         (["featurize.conjunctions=[C1]"], "featurize.conjunctions[0] = 'C1': must be a pair of field names"),
         (["featurize.fields=[I1, I1]"], "featurize.fields = ('I1', 'I1'): must be distinct names"),

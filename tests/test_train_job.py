@@ -112,3 +112,20 @@ def test_train_on_local_cluster_through_the_cli(data, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     meta = json.loads((tmp_path / "m" / "metadata.json").read_text())
     assert len(meta["per_rank"]) == 2 and np.isfinite(meta["objective"])
+
+
+def test_cocoa_through_the_job_and_resume_from_per_rank_checkpoints(spark, data, tmp_path):
+    base = ["train.solver=cocoa", "train.l2=1e-2", "train.passes=300", "train.tol=1e-8",
+            "train.checkpoint_interval_s=0", "spark.master=local[2]"]
+    one = run_train(spark, _cfg(*base, "train.workers=1"), str(data / "tr"), str(tmp_path / "c1"))
+    two = run_train(spark, _cfg(*base, "train.workers=2"), str(data / "tr"), str(tmp_path / "c2"))
+    assert one["data"]["train_rows"] == two["data"]["train_rows"] == 8000  # no held-out rows for cocoa
+    assert two["history"][-1]["gap"] < 1e-6 and one["history"][-1]["gap"] < 1e-6
+    assert two["objective"] == pytest.approx(one["objective"], rel=1e-6)
+    hurt = run_train(spark, _cfg(*base, "train.workers=2", "train.inject.fail_shard=1", "train.inject.fail_pass=3",
+                                 "train.inject.fail_mode=raise"), str(data / "tr"), str(tmp_path / "c3"))
+    assert [a["outcome"] for a in hurt["attempts"]] == ["failed", "succeeded"]
+    assert {r["resumed_from_pass"] for r in hurt["per_rank"]} in ({2}, {3})
+    assert hurt["objective"] == pytest.approx(two["objective"], rel=1e-12)
+    r = evaluate(spark, str(data / "te"), str(tmp_path / "c2"))
+    assert 0.3 < r["logloss"] < 0.7
