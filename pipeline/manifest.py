@@ -59,7 +59,7 @@ def build_manifest(spec: FeatureSpec, inputs: list[str], files: list[dict], quar
     return {
         "format_version": FORMAT_VERSION,
         "terascale_version": terascale_version(),
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "spec": spec.to_json(),
         "columns": {
             "label": "float32, 0 or 1",
