@@ -1,0 +1,233 @@
+"""numba.cuda kernels of TPA-SCD (Parnell et al., Sec. III-C, Algorithm 2): one SCD epoch on the GPU.
+
+Twice parallel, asynchronous: every coordinate of the epoch's permutation ``order`` is handled
+by one thread block (a grid-stride loop when the grid is smaller than the permutation), and the
+blocks run concurrently on the SMs without any locking. Inside a block:
+
+1. the block's threads split the coordinate's inner product (a row of the CSR matrix for the
+   dual, a column of the CSC matrix for the primal) and reduce it in shared memory
+   (``blockDim.x`` must be a power of two, at most ``MAX_THREADS``);
+2. thread 0 computes the coordinate update with the same math as the CPU kernels
+   (``losses.dual_step`` / ``primal_kernels._step_col``, re-implemented here as device
+   functions) and writes the local variable;
+3. all threads add the update into the shared vector with ``cuda.atomic.add`` (float64).
+
+Conventions are those of ``dual_kernels`` / ``primal_kernels``: ``scale = sigma / (lam N)`` for
+the dual, ``lam_n = lam N`` and ``sigma`` for the primal; the dual shared vector has
+``n_features + 1`` entries, the last one the constant feature of value ``bias_scale``. Because
+other blocks may update the shared vector while a block reads it, a coordinate may see a
+slightly stale ``u`` (that is the algorithm: asynchronous, Hogwild-style reads, atomic writes).
+Under the CUDA simulator blocks run one after another, so an epoch equals the sequential CPU
+epoch up to the summation order of the inner products.
+
+Only ``numba.cuda`` is imported here; the module imports on machines without CUDA (kernels are
+compiled lazily at their first launch).
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba import cuda, float64
+
+# loss codes, identical to solvers.scd.losses (not imported: that module's njit functions are CPU-only)
+SQUARED = 0
+LOGISTIC = 1
+HINGE = 2
+
+MAX_THREADS = 256  # shared-memory reduction buffer; blockDim.x must be a power of two <= this
+B_EPS = 1e-15
+_NEWTON_MAX_ITER = 50
+_NEWTON_TOL = 1e-13
+
+
+# -- device functions: the coordinate step (same math as solvers.scd.losses) -------------------
+
+
+@cuda.jit(device=True)
+def _sigmoid(t):
+    if t >= 0.0:
+        return 1.0 / (1.0 + math.exp(-t))
+    e = math.exp(t)
+    return e / (1.0 + e)
+
+
+@cuda.jit(device=True)
+def _logistic_b(b, m, q):
+    """argmax_b' entropy(b') - (b' - b) m - q (b' - b)^2 / 2: bracketed Newton in logit space."""
+    lo = -m - q * (1.0 - b)
+    hi = -m + q * b
+    t = 0.5 * (lo + hi)
+    if 0.0 < b < 1.0:  # warm start at the current point when it is inside the bracket
+        t0 = math.log(b) - math.log1p(-b)
+        if lo < t0 < hi:
+            t = t0
+    if hi - lo <= 0.0:
+        t = -m
+    else:
+        for _ in range(_NEWTON_MAX_ITER):
+            p = _sigmoid(t)
+            g = -t - m - q * (p - b)
+            if g > 0.0:
+                lo = t
+            else:
+                hi = t
+            nt = t - g / (-1.0 - q * p * (1.0 - p))
+            if not (lo < nt < hi):
+                nt = 0.5 * (lo + hi)
+            if abs(nt - t) <= _NEWTON_TOL * (1.0 + abs(t)):
+                t = nt
+                break
+            t = nt
+    return min(max(_sigmoid(t), B_EPS), 1.0 - B_EPS)
+
+
+@cuda.jit(device=True)
+def _hinge_b(b, m, q):
+    """argmax_{b' in [0, 1]} b' - (b' - b) m - q (b' - b)^2 / 2 (closed form)."""
+    if q > 0.0:
+        return min(max(b + (1.0 - m) / q, 0.0), 1.0)
+    if m < 1.0:
+        return 1.0
+    if m > 1.0:
+        return 0.0
+    return b
+
+
+@cuda.jit(device=True)
+def _dual_step(loss, y, a, dot, q):
+    if loss == SQUARED:
+        return a + (y - a - dot) / (1.0 + q)
+    s = 1.0 if y > 0.5 else -1.0
+    b = s * a
+    m = s * dot
+    if loss == LOGISTIC:
+        return s * _logistic_b(b, m, q)
+    return s * _hinge_b(b, m, q)
+
+
+@cuda.jit(device=True)
+def _block_sum(buf, tid, acc):
+    """Sum ``acc`` over the block's threads through shared memory (every thread gets the sum)."""
+    buf[tid] = acc
+    cuda.syncthreads()
+    s = cuda.blockDim.x // 2
+    while s > 0:
+        if tid < s:
+            buf[tid] += buf[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    total = buf[0]
+    cuda.syncthreads()  # everyone has read buf[0] before the buffer is reused
+    return total
+
+
+# -- kernels -------------------------------------------------------------------------------------
+
+
+@cuda.jit
+def row_sq_norms_kernel(indptr, values, bias_scale, out):
+    """||x_i||^2 (constant feature included) of every row; one thread per row."""
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        acc = bias_scale * bias_scale
+        for k in range(indptr[i], indptr[i + 1]):
+            v = float64(values[k])
+            acc += v * v
+        out[i] = acc
+
+
+@cuda.jit
+def col_sq_norms_kernel(colptr, rows, vals, weights, out):
+    """s_m = sum_i c_i x_im^2 of every column; one thread per column."""
+    j = cuda.grid(1)
+    if j < out.shape[0]:
+        acc = 0.0
+        for k in range(colptr[j], colptr[j + 1]):
+            v = float64(vals[k])
+            acc += float64(weights[rows[k]]) * v * v
+        out[j] = acc
+
+
+@cuda.jit
+def tpa_dual_epoch(indptr, indices, values, labels, weights, sqn, alpha, u, order, loss, scale,
+                   bias_scale, bias_index):
+    """One TPA-SCD epoch of SDCA over the rows in ``order`` (see the module docstring)."""
+    buf = cuda.shared.array(MAX_THREADS, float64)
+    coef_sh = cuda.shared.array(1, float64)
+    tid = cuda.threadIdx.x
+    nthr = cuda.blockDim.x
+    for t in range(cuda.blockIdx.x, order.shape[0], cuda.gridDim.x):
+        i = order[t]
+        start = indptr[i]
+        stop = indptr[i + 1]
+        acc = 0.0
+        for k in range(start + tid, stop, nthr):
+            acc += float64(values[k]) * u[indices[k]]
+        dot = _block_sum(buf, tid, acc)
+        if tid == 0:
+            dot += bias_scale * u[bias_index]
+            c = float64(weights[i])
+            a = alpha[i]
+            a_new = _dual_step(loss, float64(labels[i]), a, dot, scale * c * sqn[i])
+            coef = 0.0
+            if a_new != a:
+                alpha[i] = a_new
+                coef = scale * c * (a_new - a)
+                if bias_scale != 0.0:
+                    cuda.atomic.add(u, bias_index, coef * bias_scale)
+            coef_sh[0] = coef
+        cuda.syncthreads()
+        coef = coef_sh[0]
+        if coef != 0.0:
+            for k in range(start + tid, stop, nthr):
+                cuda.atomic.add(u, indices[k], coef * float64(values[k]))
+        cuda.syncthreads()  # coef_sh is rewritten by the next coordinate
+
+
+@cuda.jit
+def tpa_primal_epoch(colptr, rows, vals, labels, weights, csq, beta, u, order, lam_n, sigma):
+    """One TPA-SCD epoch of primal ridge SCD over the local columns in ``order``."""
+    buf = cuda.shared.array(MAX_THREADS, float64)
+    coef_sh = cuda.shared.array(1, float64)
+    tid = cuda.threadIdx.x
+    nthr = cuda.blockDim.x
+    for t in range(cuda.blockIdx.x, order.shape[0], cuda.gridDim.x):
+        j = order[t]
+        start = colptr[j]
+        stop = colptr[j + 1]
+        acc = 0.0
+        for k in range(start + tid, stop, nthr):
+            i = rows[k]
+            acc += float64(weights[i]) * float64(vals[k]) * (u[i] - float64(labels[i]))
+        g = _block_sum(buf, tid, acc)
+        if tid == 0:
+            delta = -(g + lam_n * beta[j]) / (sigma * csq[j] + lam_n)
+            coef = 0.0
+            if delta != 0.0:
+                beta[j] += delta
+                coef = sigma * delta
+            coef_sh[0] = coef
+        cuda.syncthreads()
+        coef = coef_sh[0]
+        if coef != 0.0:
+            for k in range(start + tid, stop, nthr):
+                cuda.atomic.add(u, rows[k], coef * float64(vals[k]))
+        cuda.syncthreads()
+
+
+@cuda.jit
+def axpy_kernel(y, a, x):
+    """y += a x (one thread per entry): applies a CoCoA step to a device-resident local vector."""
+    j = cuda.grid(1)
+    if j < y.shape[0]:
+        y[j] += a * x[j]
+
+
+@cuda.jit
+def clamp_dual_kernel(loss, labels, alpha):
+    """Keep b = s alpha in [0, 1] for hinge / logistic after a CoCoA step (round-off only)."""
+    i = cuda.grid(1)
+    if i < alpha.shape[0] and loss != SQUARED:
+        s = 1.0 if labels[i] > 0.5 else -1.0
+        alpha[i] = s * min(max(s * alpha[i], 0.0), 1.0)
