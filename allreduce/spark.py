@@ -96,6 +96,7 @@ class BarrierTask:
     host: str  # the address this task listens on for tree links
     num_shards: int
     net: NetConf
+    gpu_address: str | None = None  # the GPU Spark assigned to this task, if any
     _server: tuple[str, int] = field(repr=False, default=("", 0))
     _key: bytes = field(repr=False, default=b"")
     _session: ServerSession | None = field(repr=False, default=None)
@@ -170,6 +171,14 @@ def _task_host() -> str:
     return addr.rsplit(":", 1)[0] if addr else "127.0.0.1"
 
 
+def _task_gpu() -> str | None:
+    """The address of the GPU Spark's resource scheduling gave this task (None without one)."""
+    from pyspark import BarrierTaskContext
+
+    gpu = BarrierTaskContext.get().resources().get("gpu")
+    return gpu.addresses[0] if gpu is not None and gpu.addresses else None
+
+
 def _run_task(p: int, k: int, attempt: int, server: tuple[str, int], key: bytes, net: NetConf,
               task_fn: TaskFn) -> dict:
     host = _task_host()
@@ -185,7 +194,7 @@ def _run_task(p: int, k: int, attempt: int, server: tuple[str, int], key: bytes,
         if shard is None:
             return {"task": p, "role": "spare", "shard": None, "outcome": "unused"}
         spare, attempt_id = True, f"s{i}-a{attempt}"
-    ctx = BarrierTask(shard, attempt, attempt_id, spare, host, k, net, server, key)
+    ctx = BarrierTask(shard, attempt, attempt_id, spare, host, k, net, _task_gpu(), server, key)
     t0 = time.perf_counter()
     try:
         result = task_fn(ctx)

@@ -198,6 +198,9 @@ class TrainConf:
                              OneOf(("adaptive", "avg", "add")))
     threads: int = param(_SP.threads, "cocoa: local solver threads per worker", Interval(1, 1024, integer=True))
     formulation: str = param(_SP.formulation, "cocoa: dual, or primal (squared loss only)", OneOf(("dual", "primal")))
+    device: str = param(_SP.device, "cocoa: local solver on cpu, gpu (TPA-SCD; one GPU per task via Spark's "
+                        "spark.task.resource.gpu.amount), or auto (the GPU if the task has one, else the CPU)",
+                        OneOf(("cpu", "gpu", "auto")))
     holdout_period: int = param(10, "every Nth row of each shard is held out for early stopping (VW's --holdout_period); 0 = none", Interval(0, 1000000, integer=True))
     seed: int = param(_SP.seed, "seed of any shuffling", Interval(0, 2**32 - 1, integer=True))
     shuffle: bool = param(_SP.shuffle, "shuffle the rows of each online pass (off: stored order, like VW)")

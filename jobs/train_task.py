@@ -88,6 +88,10 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
     if resume is None and spec.init_weights:
         w, b, _ = modeldir.load_model(spec.init_weights)
         init = (w, b)
+    if spec.params.device != "cpu":
+        from solvers.scd.gpu import select_device
+
+        select_device(ctx.gpu_address)
     ctx.heartbeat(0)
     comm = LazyCommunicator(ctx.shard, ctx.num_shards, ctx.join)
 

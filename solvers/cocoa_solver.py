@@ -61,7 +61,17 @@ def solve_cocoa(run: TrainRun) -> TrainResult:
         raise InvalidInputError("solver 'cocoa' cannot warm-start from a model (train.init_model); unset it")
     on_round = None if run.on_pass_end is None else (lambda s: run.on_pass_end(state_to_dict(s)))
     resume = None if run.resume is None else dict_to_state(run.resume)
-    res = train_cocoa(run.inputs.train, run.comm, cocoa_params(run.params), on_round_end=on_round, resume=resume)
+    if run.params.device == "cpu":
+        res = train_cocoa(run.inputs.train, run.comm, cocoa_params(run.params), on_round_end=on_round, resume=resume)
+    else:
+        from solvers.scd.gpu import gpu_available, train_cocoa_gpu
+
+        ok, reason = gpu_available()
+        if not ok and run.params.device == "gpu":
+            raise InvalidInputError(f"train.device = 'gpu' but this task has no usable GPU: {reason}; "
+                                    "use train.device=auto to fall back to the CPU solver")
+        res = train_cocoa_gpu(run.inputs.train, run.comm, cocoa_params(run.params), on_round_end=on_round,
+                              resume=resume, fallback=True)
     history = [{**h, "pass": h.get("round", i + 1), "objective": h.get("primal")} for i, h in enumerate(res.history)]
     return TrainResult(weights=np.asarray(res.weights, np.float32), intercept=float(res.intercept), history=history,
                        objective=float(res.primal), stop_reason="converged_gap" if res.converged else "max_passes",

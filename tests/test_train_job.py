@@ -129,3 +129,18 @@ def test_cocoa_through_the_job_and_resume_from_per_rank_checkpoints(spark, data,
     assert hurt["objective"] == pytest.approx(two["objective"], rel=1e-12)
     r = evaluate(spark, str(data / "te"), str(tmp_path / "c2"))
     assert 0.3 < r["logloss"] < 0.7
+
+
+def test_cocoa_device_auto_falls_back_and_gpu_fails_clearly_without_a_gpu(spark, data, tmp_path):
+    from solvers.scd.gpu import gpu_available
+
+    if gpu_available()[0]:
+        pytest.skip("this machine has a GPU")
+    base = ["train.solver=cocoa", "train.l2=1e-2", "train.passes=50", "train.workers=2", "spark.master=local[2]"]
+    cpu = run_train(spark, _cfg(*base), str(data / "tr"), str(tmp_path / "cpu"))
+    auto = run_train(spark, _cfg(*base, "train.device=auto"), str(data / "tr"), str(tmp_path / "auto"))
+    assert auto["objective"] == cpu["objective"]  # the same CPU solver ran
+    with pytest.raises(TrainError, match=r"train.device = 'gpu' but this task has no usable GPU") as e:
+        run_train(spark, _cfg(*base, "train.device=gpu"), str(data / "tr"), str(tmp_path / "gpu"))
+    assert "all 3 attempts" not in str(e.value)  # not retried: a retry would only repeat it
+    assert not (tmp_path / "gpu").exists()

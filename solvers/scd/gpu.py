@@ -75,6 +75,15 @@ def gpu_available() -> tuple[bool, str]:
         return False, f"no usable CUDA device: {exc}"
 
 
+def select_device(address: str | None) -> None:
+    """Use the GPU Spark assigned to this task (its resource address, e.g. "0"), if any."""
+    if address is None or simulator_enabled():
+        return
+    from numba import cuda
+
+    cuda.select_device(int(address))
+
+
 def _require_gpu() -> None:
     ok, reason = gpu_available()
     if not ok:
@@ -323,7 +332,7 @@ def attach_gpu_solver(problem, params, n_weight: float, threads_per_block: int |
 
 def train_cocoa_gpu(data: CSRData, comm, params, on_round_end: Callable | None = None,
                     threads_per_block: int | None = None, blocks: int | None = None,
-                    fallback: bool = True):
+                    fallback: bool = True, resume=None):
     """``api.train_cocoa`` with TPA-SCD local solvers (``params.threads`` / ``bucket_size`` are
     ignored: the GPU's thread blocks are the parallelism). Without a usable GPU: a warning naming
     the reason and the CPU solver when ``fallback``, else RuntimeError."""
@@ -338,7 +347,7 @@ def train_cocoa_gpu(data: CSRData, comm, params, on_round_end: Callable | None =
             raise RuntimeError(f"TPA-SCD needs a CUDA device: {reason}")
         warnings.warn(f"no GPU for TPA-SCD ({reason}); using the CPU solver", RuntimeWarning,
                       stacklevel=2)
-        return api.train_cocoa(data, comm, params, on_round_end)
+        return api.train_cocoa(data, comm, params, on_round_end, resume)
     api.check_shard(data, params)
     t0 = time.perf_counter()
     clock = RoundClock(comm)
@@ -349,6 +358,8 @@ def train_cocoa_gpu(data: CSRData, comm, params, on_round_end: Callable | None =
     problem = api.FORMULATIONS[params.formulation](data, comm, params, n_weight)
     attach_gpu_solver(problem, params, n_weight, threads_per_block, blocks)
     loop = RoundLoop(problem, comm, params, clock, t0, data.n_rows)
+    if resume is not None:
+        loop.restore(resume)
     loop.run(on_round_end)
     beta = problem.model()
     last = loop.history[-1]
