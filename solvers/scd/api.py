@@ -42,6 +42,7 @@ def train_cocoa(
     params: CocoaParams,
     on_round_end: Callable[[CocoaState], None] | None = None,
     resume: CocoaState | None = None,
+    prepare: Callable | None = None,
 ) -> CocoaResult:
     """Train ``params.loss`` with l2 penalty by (distributed) SCD / CoCoA on this rank's shard.
 
@@ -51,7 +52,8 @@ def train_cocoa(
     like the others (as liblinear and Snap ML do), and ``intercept = beta_bias * intercept_scaling``.
     ``on_round_end(state)`` receives a :class:`CocoaState` after every round; passing one back
     as ``resume`` (same shard, rank, size and trajectory parameters) continues exactly where it
-    left off.
+    left off. ``prepare(problem, n_weight)`` may swap the problem's local solver before the first
+    round (the GPU solver does).
     """
     check_shard(data, params)
     t0 = time.perf_counter()
@@ -61,6 +63,8 @@ def train_cocoa(
     if not n_weight > 0.0:
         raise ValueError("the training data is empty (total weight 0 over all ranks)")
     problem = FORMULATIONS[params.formulation](data, comm, params, n_weight)
+    if prepare is not None:
+        prepare(problem, n_weight)
     loop = RoundLoop(problem, comm, params, clock, t0, data.n_rows)
     if resume is not None:
         loop.restore(resume)

@@ -28,7 +28,7 @@ nothing here touches the driver at import time.
 
 from __future__ import annotations
 
-import time
+import abc
 import warnings
 from collections.abc import Callable
 
@@ -155,7 +155,7 @@ class _Device:
         self.cuda.synchronize()
 
 
-class _GpuLocalSolver:
+class _GpuLocalSolver(abc.ABC):
     """Common machinery: local variables x (and their round start x0), shared vector u, order."""
 
     def __init__(self, n_coords: int, n_shared: int, nnz: int, threads_per_block: int | None,
@@ -249,11 +249,12 @@ class _GpuLocalSolver:
         d = self.x.copy_to_host() - self.x0.copy_to_host()  # simulator / numba-only fallback
         return self.dev.put(d)
 
+    @abc.abstractmethod
     def _epoch(self, sigma: float) -> None:
-        raise NotImplementedError
+        """One TPA-SCD epoch over this solver's coordinates (the formulation's kernel launch)."""
 
-    def _clamp(self) -> None:
-        pass
+    def _clamp(self) -> None:  # noqa: B027 - optional hook: only the hinge dual clamps to its box
+        """Project the local variables back onto their domain (most problems need nothing)."""
 
 
 class GpuDualLocalSolver(_GpuLocalSolver):
@@ -337,9 +338,6 @@ def train_cocoa_gpu(data: CSRData, comm, params, on_round_end: Callable | None =
     ignored: the GPU's thread blocks are the parallelism). Without a usable GPU: a warning naming
     the reason and the CPU solver when ``fallback``, else RuntimeError."""
     from solvers.scd import api
-    from solvers.scd.params import CocoaResult
-    from solvers.scd.rounds import RoundLoop
-    from solvers.scd.timing import RoundClock
 
     ok, reason = gpu_available()
     if not ok:
@@ -348,28 +346,7 @@ def train_cocoa_gpu(data: CSRData, comm, params, on_round_end: Callable | None =
         warnings.warn(f"no GPU for TPA-SCD ({reason}); using the CPU solver", RuntimeWarning,
                       stacklevel=2)
         return api.train_cocoa(data, comm, params, on_round_end, resume)
-    api.check_shard(data, params)
-    t0 = time.perf_counter()
-    clock = RoundClock(comm)
-    n_weight, _ = comm.allreduce_scalars([float(np.sum(data.weights, dtype=np.float64)),
-                                          float(data.n_rows)])
-    if not n_weight > 0.0:
-        raise ValueError("the training data is empty (total weight 0 over all ranks)")
-    problem = api.FORMULATIONS[params.formulation](data, comm, params, n_weight)
-    attach_gpu_solver(problem, params, n_weight, threads_per_block, blocks)
-    loop = RoundLoop(problem, comm, params, clock, t0, data.n_rows)
-    if resume is not None:
-        loop.restore(resume)
-    loop.run(on_round_end)
-    beta = problem.model()
-    last = loop.history[-1]
-    return CocoaResult(
-        weights=beta[: data.n_features].astype(np.float32),
-        intercept=float(beta[data.n_features]) * params.bias_scale,
-        history=loop.history,
-        primal=last["primal"],
-        dual=last["dual"],
-        gap=last["gap"],
-        rounds=loop.round,
-        converged=loop.converged,
+    return api.train_cocoa(
+        data, comm, params, on_round_end, resume,
+        prepare=lambda problem, n_weight: attach_gpu_solver(problem, params, n_weight, threads_per_block, blocks),
     )
