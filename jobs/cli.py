@@ -122,13 +122,14 @@ def train(cfg, data_dir: str, model_dir: str) -> dict:
 
 def train_summary(meta: dict) -> str:
     h = meta["history"]
-    last = h[-1] if h else {}
     ranks = meta["per_rank"]
+    held = [x for x in h if x.get("holdout_loss") is not None]
+    best = min(held, key=lambda x: x["holdout_loss"]) if held else None
     return "\n".join([
         f"  solver             {meta['config']['train']['solver']} ({len(ranks)} workers), loss {meta['config']['train']['loss']}, l2 {meta['config']['train']['l2']:g}",
         f"  rows               {meta['data']['train_rows']:,} train + {meta['data']['holdout_rows']:,} held out",
-        f"  passes             {len(h)}; final objective {meta['objective']:.6f}"
-        + (f"; held-out loss {last['holdout_loss']:.6f}" if last.get("holdout_loss") is not None else ""),
+        f"  passes             {len(h)} (stopped: {meta.get('stop_reason') or 'n/a'}); objective {meta['objective']:.6f} at the returned weights"
+        + (f"; best held-out loss {best['holdout_loss']:.6f} (pass {best['pass']})" if best else ""),
         f"  time in job        {meta['train_seconds']:.2f} s (attempts: {len(meta['attempts'])})",
     ])
 

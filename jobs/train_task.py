@@ -129,6 +129,7 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
         modeldir.write_weights(spec.staging_dir, result.weights)
         out.update({
             "history": result.history, "intercept": float(result.intercept), "objective": float(result.objective),
+            "stop_reason": result.stop_reason,
             "totals": {"train_rows": int(counts[0]), "train_nnz": int(counts[1]), "holdout_rows": int(counts[2]),
                        "csr_bytes": int(counts[3])},
         })
