@@ -13,8 +13,6 @@ import os
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
 from allreduce.lazy import LazyCommunicator
 from jobs import checkpoint
 from pipeline import modeldir
@@ -60,7 +58,7 @@ class TaskSpec:
     init_weights: str = ""  # a model directory to warm-start from ("" = none)
 
 
-def _progress_hook(ctx, spec: TaskSpec, n_rows: int):
+def _progress_hook(ctx, spec: TaskSpec):
     """Heartbeats during pass 1 (so spares see stragglers and losers stop early), slow drill."""
     slow = spec.inject.slow_shard == ctx.shard and not ctx.is_spare and spec.inject.slow_factor > 1
     last = [time.perf_counter()]
@@ -112,7 +110,7 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
             checkpoint.save(spec.checkpoint_dir, p, state)
             last_saved[0] = time.monotonic()
 
-    progress = _progress_hook(ctx, spec, train_data.n_rows)
+    progress = _progress_hook(ctx, spec)
     with comm:
         result = train(train_data, comm, spec.params, holdout=holdout, on_pass_end=on_pass_end,
                        resume=resume, progress=progress, init=init)
@@ -152,6 +150,3 @@ def _peak_rss() -> int:
     except Exception:  # noqa: BLE001 - not every platform has it
         return 0
 
-
-def weights_finite(w: np.ndarray) -> bool:
-    return bool(np.all(np.isfinite(w)))

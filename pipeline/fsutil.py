@@ -159,7 +159,3 @@ def list_files(path: str) -> list[str]:
         return []
     return [_with_scheme(normalize(path), i.path) for i in fs.get_file_info(pafs.FileSelector(inner)) if i.type == pafs.FileType.File]
 
-
-def file_size(path: str) -> int:
-    fs, inner = resolve(path)
-    return int(fs.get_file_info(inner).size)
