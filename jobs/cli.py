@@ -183,6 +183,14 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from jobs.report import build_report
+
+    path = build_report(args.model, args.eval, args.out)
+    print(f"report written to {path}")
+    return 0
+
+
 def cmd_config(args) -> int:
     if args.defaults:
         sys.stdout.write(render_yaml())
@@ -241,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--output", required=True, metavar="DIR")
     _add_conf_args(pr)
     pr.set_defaults(fn=cmd_predict)
+
+    rp = sub.add_parser("report", help="an HTML page with plots of a training run (and its evaluation)")
+    rp.add_argument("model", metavar="MODEL_DIR")
+    rp.add_argument("--eval", metavar="METRICS_JSON", help="metrics written by `terascale evaluate --out`")
+    rp.add_argument("--out", metavar="DIR", help="where to write (default: the model directory)")
+    rp.set_defaults(fn=cmd_report)
 
     c = sub.add_parser("config", help="print the resolved configuration (or the documented defaults)")
     c.add_argument("--defaults", action="store_true", help="print conf/defaults.yaml with help text")

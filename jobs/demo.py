@@ -58,8 +58,13 @@ def run_demo(workdir: str, rows: int) -> int:
     r = evaluate(cfg, data_test, model)
     print(metrics_summary(r))
     print(f"  Bayes-optimal       {gt['bayes_logloss']:.6f} (the generator's true probabilities)")
-    with open(os.path.join(workdir, "metrics.json"), "w") as f:
+    metrics_path = os.path.join(workdir, "metrics.json")
+    with open(metrics_path, "w") as f:
         json.dump(r, f, indent=2)
-    print(f"\nmodel: {model} (weights.npy + metadata.json); metrics: {os.path.join(workdir, 'metrics.json')}")
+    from jobs.report import build_report
+
+    report = build_report(model, metrics_path)
+    print(f"\nmodel: {model} (weights.npy + metadata.json); metrics: {metrics_path}")
+    print(f"report: {report} (convergence, per-rank timings, ROC / precision-recall / calibration)")
     ok = conserved and math.isfinite(r["logloss"]) and r["normalized_entropy"] < 1.0  # better than the base rate
     return 0 if ok else 1

@@ -89,7 +89,9 @@ class BinaryMetrics:
             auprc = float(np.sum(np.diff(np.concatenate([[0.0], rec])) * prec))
         else:
             auroc = auprc = float("nan")
+        curves = self._curves(tp, fp, P, N) if P > 0 and N > 0 else None
         return {
+            "curves": curves,
             "rows": self.rows,
             "weight_sum": self.weight_sum,
             "logloss": logloss,
@@ -100,6 +102,27 @@ class BinaryMetrics:
             "mean_prediction": self.pred_sum / self.weight_sum,
             "calibration": (self.pred_sum / self.pos_weight) if self.pos_weight > 0 else float("nan"),
         }
+
+    def _curves(self, tp: np.ndarray, fp: np.ndarray, P: float, N: float, points: int = 200,
+                calibration_bins: int = 20) -> dict:
+        """ROC and precision-recall points (thresholds from high to low) and a calibration
+        table (equal-weight groups of score bins: mean prediction vs observed positive rate)."""
+        idx = np.unique(np.linspace(0, len(tp) - 1, points).astype(np.int64))
+        nz = (tp + fp)[idx] > 0
+        roc = {"fpr": [0.0, *(fp[idx] / N).tolist()], "tpr": [0.0, *(tp[idx] / P).tolist()]}
+        pr = {"recall": (tp[idx][nz] / P).tolist(), "precision": (tp[idx][nz] / (tp[idx] + fp[idx])[nz]).tolist()}
+        # calibration: bins ordered by score, grouped into equal-weight groups
+        w = self.pos_hist + self.neg_hist
+        centers = 1.0 / (1.0 + np.exp(-((np.arange(BINS) + 0.5) / BINS * 2 * LOGIT_RANGE - LOGIT_RANGE)))
+        cum = np.cumsum(w)
+        group = np.minimum((cum / cum[-1] * calibration_bins).astype(np.int64), calibration_bins - 1)
+        ws = np.bincount(group, weights=w, minlength=calibration_bins)
+        pred = np.bincount(group, weights=w * centers, minlength=calibration_bins)
+        pos = np.bincount(group, weights=self.pos_hist, minlength=calibration_bins)
+        ok = ws > 0
+        calib = {"mean_prediction": (pred[ok] / ws[ok]).tolist(), "positive_rate": (pos[ok] / ws[ok]).tolist(),
+                 "weight": ws[ok].tolist()}
+        return {"roc": roc, "pr": pr, "calibration": calib}
 
     def to_state(self) -> dict:
         """A compact, picklable state for shipping from a task to the driver."""

@@ -54,3 +54,17 @@ def test_perfect_and_constant_scores():
         BinaryMetrics().finalize()
     with pytest.raises(ValueError, match="finite and in"):
         BinaryMetrics().add(np.array([np.nan]), np.array([1.0]))
+
+
+def test_curves_are_consistent_with_the_areas():
+    p, y, w = _data(20000, 2)
+    r = BinaryMetrics().add(p, y, w).finalize()
+    roc, pr, cal = r["curves"]["roc"], r["curves"]["pr"], r["curves"]["calibration"]
+    assert roc["fpr"][0] == 0.0 and roc["fpr"][-1] == pytest.approx(1.0) and roc["tpr"][-1] == pytest.approx(1.0)
+    assert np.all(np.diff(roc["fpr"]) >= 0) and np.all(np.diff(roc["tpr"]) >= 0)
+    assert np.trapezoid(roc["tpr"], roc["fpr"]) == pytest.approx(r["auroc"], abs=5e-3)
+    assert pr["recall"][-1] == pytest.approx(1.0) and min(pr["precision"]) >= 0
+    assert sum(cal["weight"]) == pytest.approx(np.sum(w))
+    # calibration groups: the weighted mean prediction over groups is the overall mean prediction
+    assert np.average(cal["mean_prediction"], weights=cal["weight"]) == pytest.approx(r["mean_prediction"], rel=2e-3)
+    assert np.average(cal["positive_rate"], weights=cal["weight"]) == pytest.approx(r["positive_rate"], rel=1e-9)

@@ -144,3 +144,38 @@ def test_cocoa_device_auto_falls_back_and_gpu_fails_clearly_without_a_gpu(spark,
         run_train(spark, _cfg(*base, "train.device=gpu"), str(data / "tr"), str(tmp_path / "gpu"))
     assert "all 3 attempts" not in str(e.value)  # not retried: a retry would only repeat it
     assert not (tmp_path / "gpu").exists()
+
+
+def test_report_of_a_real_run(spark, data, tmp_path):
+    import struct
+    from html.parser import HTMLParser
+
+    from jobs.cli import main as cli
+
+    meta = run_train(spark, _cfg("train.workers=2", "train.passes=4", "spark.master=local[2]"), str(data / "tr"),
+                     str(tmp_path / "m"))
+    metrics = evaluate(spark, str(data / "te"), str(tmp_path / "m"))
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    assert cli(["report", str(tmp_path / "m"), "--eval", str(tmp_path / "metrics.json"), "--out", str(tmp_path / "r")]) == 0
+    names = ["objective_by_pass", "objective_by_time", "rank_timings", "roc", "precision_recall", "calibration"]
+    for n in names:
+        png = (tmp_path / "r" / f"{n}.png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        w, h = struct.unpack(">II", png[16:24])
+        assert 200 < w < 3000 and 200 < h < 3000, n
+
+    class Collect(HTMLParser):
+        imgs, tags = [], []
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append(tag)
+            if tag == "img":
+                self.imgs.append(dict(attrs))
+
+    page = (tmp_path / "r" / "report.html").read_text()
+    c = Collect()
+    c.feed(page)
+    assert sorted(i["alt"] for i in c.imgs) == sorted(names)
+    assert all(i["src"].startswith("data:image/png;base64,iVBORw0KGgo") for i in c.imgs)  # embedded PNGs
+    assert f"{meta['objective']:.6f}" in page and f"{metrics['auroc']:.6f}" in page
+    assert "rank 1" in page
