@@ -135,7 +135,7 @@ def train_summary(meta: dict) -> str:
 
 
 def cmd_train(args) -> int:
-    cfg = _resolve(args)
+    cfg = _warm_start(_resolve(args), args.init_model_if_exists)
     meta = train(cfg, args.input, args.model)
     print(f"trained {args.model}")
     print(train_summary(meta))
@@ -162,6 +162,7 @@ def evaluate(cfg, data_dir: str, model_dir: str) -> dict:
 
 def cmd_evaluate(args) -> int:
     cfg = _resolve(args)
+    args.model = _model_path(args.model)
     r = evaluate(cfg, args.input, args.model)
     print(f"evaluated {args.model} on {args.input}")
     print(metrics_summary(r))
@@ -178,6 +179,7 @@ def cmd_predict(args) -> int:
     from jobs.session import get_spark
 
     cfg = _resolve(args)
+    args.model = _model_path(args.model)
     m = predict(get_spark(cfg.spark), args.input, args.model, args.output, tuple(cfg.predict.keep_columns))
     print(f"wrote {m['rows']:,} predictions ({m['column']}) in {len(m['files'])} files -> {args.output}")
     return 0
@@ -204,6 +206,65 @@ def cmd_demo(args) -> int:
     from jobs.demo import run_demo
 
     return run_demo(args.workdir, args.rows)
+
+
+# --- published models: a pointer file names the model in service; gate and publish ----------
+# (issue 7: the Airflow DAG conf/airflow/terascale_daily.py runs train -> evaluate -> gate ->
+# publish). gate and publish read JSON and write one small file: they start no Spark session.
+
+
+def _model_path(path: str) -> str:
+    """A model directory unchanged; a pointer file (terascale publish) -> the model it names."""
+    from pipeline.pointer import resolve_model
+
+    model = resolve_model(path)
+    if model != path:
+        log.info("model pointer %s -> %s", path, model)
+    return model
+
+
+def _warm_start(cfg, optional: str | None):
+    """train.init_model with pointers followed; --init-model-if-exists only when the path exists."""
+    import dataclasses
+
+    from pipeline import fsutil
+
+    path = cfg.train.init_model
+    if optional:
+        if path:
+            raise UsageError("give either --init-model-if-exists or train.init_model, not both")
+        if not fsutil.exists(optional):
+            log.warning("no model at %s (nothing published yet?): training from scratch", optional)
+            print(f"no model at {optional}: training from scratch")
+            return cfg
+        path = optional
+    if not path:
+        return cfg
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_model=_model_path(path)))
+
+
+def cmd_gate(args) -> int:
+    import math
+
+    from jobs.quality_gate import run_gate
+
+    if not (math.isfinite(args.max_regression) and args.max_regression >= 0):
+        raise UsageError(f"--max-regression {args.max_regression}: must be a finite number >= 0")
+    print(run_gate(args.metrics, args.baseline, args.metric, args.max_regression, args.margin))
+    return 0
+
+
+def cmd_publish(args) -> int:
+    from jobs.quality_gate import metric_value, read_json
+    from pipeline.pointer import publish
+
+    metrics = None
+    if args.metrics:
+        metrics = read_json(args.metrics, "metrics")
+        metric_value(metrics, "logloss", f"metrics {args.metrics}")
+    p = publish(args.model, args.pointer, metrics)
+    print(f"published {p['model']} -> {args.pointer} (previous: {p['previous'] or 'none'})")
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a model on a featurized dataset (Spark barrier stage)")
     t.add_argument("--input", required=True, metavar="DATA_DIR", help="featurized dataset")
     t.add_argument("--model", required=True, metavar="MODEL_DIR", help="model directory to write")
+    t.add_argument("--init-model-if-exists", metavar="PATH",
+                   help="warm-start from this model directory or pointer if it exists; train from scratch if not (the first day)")
     _add_conf_args(t)
     t.set_defaults(fn=cmd_train)
 
@@ -260,6 +323,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--defaults", action="store_true", help="print conf/defaults.yaml with help text")
     _add_conf_args(c)
     c.set_defaults(fn=cmd_config)
+
+    # --- gate and publish (issue 7): no Spark session; see _model_path above
+    gt = sub.add_parser("gate", help="fail (exit 1) when the new model's metrics regress against the published model's")
+    gt.add_argument("--metrics", required=True, metavar="FILE", help="the new model's metrics (terascale evaluate --out)")
+    gt.add_argument("--baseline", required=True, metavar="FILE",
+                    help="the published model's pointer (its recorded metrics) or a metrics file; missing = nothing published yet: pass")
+    gt.add_argument("--metric", choices=("logloss", "normalized_entropy"), default="logloss", help="lower is better (default logloss)")
+    gt.add_argument("--max-regression", type=float, default=0.01, metavar="X", help="allowed increase (default 0.01)")
+    gt.add_argument("--margin", choices=("relative", "absolute"), default="relative",
+                    help="relative: new <= baseline * (1 + X) (default); absolute: new <= baseline + X")
+    gt.set_defaults(fn=cmd_gate)
+
+    pb = sub.add_parser("publish", help="atomically point a model pointer at a complete model directory")
+    pb.add_argument("--model", required=True, metavar="MODEL_DIR", help="the model to publish (a directory, or a pointer to follow)")
+    pb.add_argument("--pointer", required=True, metavar="FILE", help="the pointer file to (re)write, e.g. models/ctr/current")
+    pb.add_argument("--metrics", metavar="FILE", help="the model's metrics, recorded in the pointer for later gates")
+    pb.set_defaults(fn=cmd_publish)
 
     d = sub.add_parser("demo", help="run the main pipeline end to end on generated data and print the results")
     d.add_argument("--workdir", default="demo-output", help="where the demo writes its data")

@@ -1,0 +1,102 @@
+"""The published-model pointer: a small JSON file that names the model directory in service.
+
+    {"pointer_format": 1, "model": "hdfs:///models/ctr/dt=2024-03-05", "published_at": "...Z",
+     "metrics": {...the model's evaluation...} or null, "previous": "<the model it replaced>" or null}
+
+``publish`` writes it to a temporary sibling and renames it over the old pointer
+(``fsutil.write_json_atomic``). On a local or POSIX filesystem rename(2) replaces the file
+atomically: a reader sees the old pointer or the new one, never a partial file and never none. On
+S3 the rename is a single-object copy, so readers also see old or new. On HDFS pyarrow replaces an
+existing file by delete + rename: for milliseconds there is no pointer. Only a complete model
+directory is ever published. Wherever terascale takes a model path (evaluate, predict, train's
+warm start) a pointer file is followed to the model it names.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+
+from pipeline import fsutil, modeldir
+
+POINTER_FORMAT = 1
+
+
+class PointerError(ValueError):
+    """A pointer file is unreadable or is not a terascale pointer."""
+
+
+def is_file(path: str) -> bool:
+    import pyarrow.fs as pafs
+
+    fs, inner = fsutil.resolve(fsutil.normalize(path))
+    return fs.get_file_info(inner).type == pafs.FileType.File
+
+
+def read_pointer(path: str) -> dict:
+    """The pointer's content; PointerError when it is not valid pointer JSON."""
+    try:
+        p = fsutil.read_json(fsutil.normalize(path))
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        raise PointerError(f"pointer {path}: not valid JSON ({e})") from None
+    if not isinstance(p, dict) or p.get("pointer_format") != POINTER_FORMAT or not isinstance(p.get("model"), str):
+        raise PointerError(f"pointer {path}: not a terascale model pointer (want a JSON object with "
+                           f"pointer_format {POINTER_FORMAT} and a 'model' path)")
+    return p
+
+
+def resolve_model(path: str) -> str:
+    """A model directory unchanged; a pointer file -> the model directory it names."""
+    return read_pointer(path)["model"] if is_file(path) else path
+
+
+def check_complete(model_dir: str) -> dict:
+    """The model's metadata, after checking that the directory is a complete terascale model.
+
+    Reads metadata.json and only the header of weights.npy (its dtype and length must match the
+    feature spec), so the check stays cheap for a 2^31-weight model.
+    """
+    try:
+        meta = modeldir.load_metadata(model_dir)
+        n = 1 << int(meta["spec"]["bits"])
+    except modeldir.ModelError:
+        raise
+    except (ValueError, KeyError, TypeError) as e:  # unparsable metadata.json, no spec
+        raise modeldir.ModelError(f"{model_dir}: unreadable {modeldir.METADATA} ({e!r})") from None
+    path = fsutil.join(fsutil.normalize(model_dir), modeldir.WEIGHTS)
+    if not fsutil.exists(path):
+        raise modeldir.ModelError(f"{model_dir}: no {modeldir.WEIGHTS}; not a complete model directory")
+    fs, inner = fsutil.resolve(path)
+    try:
+        with fs.open_input_stream(inner) as f:
+            version = np.lib.format.read_magic(f)
+            header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = header(f)
+    except ValueError as e:
+        raise modeldir.ModelError(f"{path}: not a valid .npy file ({e})") from None
+    if dtype != np.float32 or shape != (n,):
+        raise modeldir.ModelError(f"{path}: weights are {dtype}{shape}, the spec wants float32 ({n},)")
+    return meta
+
+
+def publish(model_dir: str, pointer: str, metrics: dict | None = None) -> dict:
+    """Point ``pointer`` at the complete model ``model_dir`` (atomically); returns the new pointer."""
+    model = fsutil.normalize(resolve_model(model_dir))
+    try:
+        check_complete(model)
+    except modeldir.ModelError as e:
+        raise modeldir.ModelError(f"refusing to publish: {e}") from None
+    previous = None
+    if fsutil.exists(pointer):
+        try:
+            old = read_pointer(pointer)
+        except PointerError:
+            old = {}  # a damaged pointer is replaced; there is no previous model to name
+        # a re-run publishing the same model keeps the model it replaced as the previous one
+        previous = old.get("previous") if old.get("model") == model else old.get("model")
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    content = {"pointer_format": POINTER_FORMAT, "model": model, "published_at": now,
+               "metrics": metrics, "previous": previous}
+    fsutil.write_json_atomic(fsutil.normalize(pointer), content)
+    return content
