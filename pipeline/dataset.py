@@ -76,7 +76,11 @@ def _table(part: ShardPart) -> pa.Table:
 
 def read_csr(parts: list[ShardPart], n_features: int) -> CSRData:
     """Read the parts of one shard into one CSR matrix (one copy: the concatenation)."""
-    tables = [_table(p) for p in parts]
+    return tables_to_csr([_table(p) for p in parts], n_features)
+
+
+def tables_to_csr(tables: list[pa.Table], n_features: int) -> CSRData:
+    """Arrow tables with the dataset columns (``weight`` and ``values`` optional) as one CSR matrix."""
     n = sum(t.num_rows for t in tables)
     nnz = 0
     for t in tables:
