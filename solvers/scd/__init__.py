@@ -13,7 +13,9 @@ epochs, sequential and Snap-ML-style threaded), ``local_solver`` (H epochs on a 
 subproblem), ``line_search`` (gamma: avg / add / adaptive), ``partition`` (columns over all rows
 for the primal), ``dual_problem`` / ``primal_problem`` (one rank's side of a round),
 ``rounds`` (the loop: one allreduce per round, history, checkpoints), ``api``
-(:func:`train_cocoa`).
+(:func:`train_cocoa`). On a GPU (optional): ``gpu_kernels`` / ``gpu_reduce_kernels`` /
+``gpu_shuffle`` (numba.cuda), ``gpu_device`` (detection, counted transfers), ``gpu`` (TPA-SCD
+local solvers, ``train_cocoa_gpu``), ``gpu_problem`` (device-resident local variables).
 """
 
 from solvers.scd.api import train_cocoa

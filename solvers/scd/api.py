@@ -16,7 +16,7 @@ from solvers.data import CSRData
 from solvers.scd.dual_problem import DualProblem
 from solvers.scd.params import CocoaParams, CocoaResult, CocoaState
 from solvers.scd.primal_problem import PrimalProblem
-from solvers.scd.rounds import RoundLoop
+from solvers.scd.rounds import Problem, RoundLoop
 from solvers.scd.timing import RoundClock
 
 FORMULATIONS = {"dual": DualProblem, "primal": PrimalProblem}
@@ -42,7 +42,7 @@ def train_cocoa(
     params: CocoaParams,
     on_round_end: Callable[[CocoaState], None] | None = None,
     resume: CocoaState | None = None,
-    prepare: Callable | None = None,
+    make_problem: Callable[[CSRData, Communicator, CocoaParams, float], Problem] | None = None,
 ) -> CocoaResult:
     """Train ``params.loss`` with l2 penalty by (distributed) SCD / CoCoA on this rank's shard.
 
@@ -52,8 +52,9 @@ def train_cocoa(
     like the others (as liblinear and Snap ML do), and ``intercept = beta_bias * intercept_scaling``.
     ``on_round_end(state)`` receives a :class:`CocoaState` after every round; passing one back
     as ``resume`` (same shard, rank, size and trajectory parameters) continues exactly where it
-    left off. ``prepare(problem, n_weight)`` may swap the problem's local solver before the first
-    round (the GPU solver does).
+    left off. ``make_problem(data, comm, params, n_weight)`` builds this rank's side of the
+    rounds (default: ``FORMULATIONS[params.formulation]``, on the CPU; ``train_cocoa_gpu``
+    passes the GPU problems of ``gpu_problem``).
     """
     check_shard(data, params)
     t0 = time.perf_counter()
@@ -62,9 +63,7 @@ def train_cocoa(
                                           float(data.n_rows)])
     if not n_weight > 0.0:
         raise ValueError("the training data is empty (total weight 0 over all ranks)")
-    problem = FORMULATIONS[params.formulation](data, comm, params, n_weight)
-    if prepare is not None:
-        prepare(problem, n_weight)
+    problem = (make_problem or FORMULATIONS[params.formulation])(data, comm, params, n_weight)
     loop = RoundLoop(problem, comm, params, clock, t0, data.n_rows)
     if resume is not None:
         loop.restore(resume)

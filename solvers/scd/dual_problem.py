@@ -6,6 +6,10 @@ feature's coefficient). A round: the local solver proposes ``dalpha_k`` on the s
 sigma'; ``dw_k = (1/(lam N)) sum_{i in k} c_i dalpha_i x_i``; one allreduce sums the ``dw_k``
 (and the scalars); then ``alpha_k += gamma dalpha_k`` and ``w += gamma dw``.
 
+``DualProblemBase`` is the host half every implementation shares (w, dw, the objectives, gamma,
+the model); ``DualProblem`` keeps alpha on the host and runs the CPU local solver, and
+``gpu_problem.GpuDualProblem`` keeps alpha on the GPU.
+
 Gap pieces of the current point: ``P(w) = (1/N) sum c phi(x.w) + (lam/2)||w||^2`` and
 ``D(alpha) = (1/N) sum c h(alpha) - (lam/2)||w||^2``, so ``gap = (1/N)(sum c phi - sum c h) + lam ||w||^2``.
 """
@@ -32,8 +36,10 @@ from solvers.scd.losses import HINGE, LOGISTIC, SQUARED, loss_code
 from solvers.scd.params import CocoaParams
 
 
-class DualProblem:
-    """One rank's side of dual CoCoA (see the module docstring)."""
+class DualProblemBase:
+    """The host side of dual CoCoA: the replicated w, the round's dw, objectives, gamma, model.
+    Subclasses keep alpha and provide ``eval_pieces``, ``propose``, ``apply``, ``snapshot``,
+    ``restore`` and the local sums ``_line_sums`` / ``_logistic_derivs``."""
 
     eval_len = 2
 
@@ -42,11 +48,7 @@ class DualProblem:
         self.loss = loss_code(params.loss)
         self.n_weight = n_weight
         self.sigma = local_sigma(params.aggregation, comm.size)
-        self.solver = DualLocalSolver(data, self.loss, params.l2, n_weight, params.bias_scale,
-                                      params.threads, params.bucket_size)
-        self.alpha = np.zeros(data.n_rows)
         self.w = np.zeros(data.n_features + 1)
-        self.dalpha = np.zeros(data.n_rows)
         self.dw = np.zeros(data.n_features + 1)
         adaptive = params.aggregation == "adaptive"
         self.line_len = (2 + (comm.size if self.loss != SQUARED else 0)) if adaptive else 0
@@ -55,25 +57,9 @@ class DualProblem:
     def shared_len(self) -> int:
         return self.w.shape[0]
 
-    # -- the current point -------------------------------------------------------------------
-
-    def eval_pieces(self) -> np.ndarray:
-        d = self.data
-        return np.array(dual_objective_sums(d.indptr, d.indices, d.values, d.labels, d.weights,
-                                            self.alpha, self.w, self.loss, self.p.bias_scale,
-                                            d.n_features))
-
     def objectives(self, sums: np.ndarray) -> tuple[float, float]:
         half = 0.5 * self.p.l2 * seq_dot(self.w, self.w)
         return sums[0] / self.n_weight + half, sums[1] / self.n_weight - half
-
-    # -- a round -----------------------------------------------------------------------------
-
-    def propose(self, round_index: int) -> None:
-        a, u = self.solver.solve(self.alpha, self.w, self.sigma, self.p.local_epochs,
-                                 self.p.seed, self.comm.rank, round_index)
-        np.subtract(a, self.alpha, out=self.dalpha)
-        scaled_difference(self.dw, u, self.w, 1.0 / self.sigma)
 
     def shared_delta(self) -> np.ndarray:
         return self.dw
@@ -81,8 +67,7 @@ class DualProblem:
     def line_pieces(self) -> np.ndarray:
         if not self.line_len:
             return np.zeros(0)
-        d = self.data
-        p0, p1, gmax = dual_line_sums(self.loss, d.labels, d.weights, self.alpha, self.dalpha)
+        p0, p1, gmax = self._line_sums()
         out = np.zeros(self.line_len)
         out[0], out[1] = p0, p1
         if self.loss != SQUARED:
@@ -101,33 +86,71 @@ class DualProblem:
         if self.loss == HINGE:
             return hinge_gamma(sums[0], wd, dd, lam, n_w, gmax)
         assert self.loss == LOGISTIC
-        d = self.data
 
         def derivs(g: float) -> tuple[float, float]:
-            s1, s2 = logistic_line_derivs(d.labels, d.weights, self.alpha, self.dalpha, g)
+            s1, s2 = self._logistic_derivs(g)
             r = self.comm.allreduce_scalars([s1, s2])
             return r[0], r[1]
 
         return logistic_gamma(derivs, wd, dd, lam, n_w, gmax, start=1.0 / k)
 
-    def apply(self, gamma: float, dw: np.ndarray) -> None:
-        apply_dual_step(self.loss, self.data.labels, self.alpha, self.dalpha, gamma)
-        axpy(self.w, gamma, dw)
-
-    # -- model and checkpoints ---------------------------------------------------------------
-
     def model(self) -> np.ndarray:
         """beta (n_features + 1,), float64, identical on every rank."""
         return self.w.copy()
+
+    def _check_fit(self, local: np.ndarray, shared: np.ndarray) -> None:
+        n = (self.data.n_rows,)
+        if local.shape != n or shared.shape != self.w.shape:
+            raise ValueError(
+                f"resume state does not fit this shard: alpha {local.shape} vs {n}, "
+                f"w {shared.shape} vs {self.w.shape}"
+            )
+
+    def _line_sums(self) -> tuple[float, float, float]:
+        raise NotImplementedError
+
+    def _logistic_derivs(self, gamma: float) -> tuple[float, float]:
+        raise NotImplementedError
+
+
+class DualProblem(DualProblemBase):
+    """One rank's side of dual CoCoA on the CPU (see the module docstring)."""
+
+    def __init__(self, data: CSRData, comm: Communicator, params: CocoaParams, n_weight: float):
+        super().__init__(data, comm, params, n_weight)
+        self.solver = DualLocalSolver(data, self.loss, params.l2, n_weight, params.bias_scale,
+                                      params.threads, params.bucket_size)
+        self.alpha = np.zeros(data.n_rows)
+        self.dalpha = np.zeros(data.n_rows)
+
+    def eval_pieces(self) -> np.ndarray:
+        d = self.data
+        return np.array(dual_objective_sums(d.indptr, d.indices, d.values, d.labels, d.weights,
+                                            self.alpha, self.w, self.loss, self.p.bias_scale,
+                                            d.n_features))
+
+    def propose(self, round_index: int) -> None:
+        a, u = self.solver.solve(self.alpha, self.w, self.sigma, self.p.local_epochs,
+                                 self.p.seed, self.comm.rank, round_index)
+        np.subtract(a, self.alpha, out=self.dalpha)
+        scaled_difference(self.dw, u, self.w, 1.0 / self.sigma)
+
+    def _line_sums(self) -> tuple[float, float, float]:
+        d = self.data
+        return dual_line_sums(self.loss, d.labels, d.weights, self.alpha, self.dalpha)
+
+    def _logistic_derivs(self, gamma: float) -> tuple[float, float]:
+        d = self.data
+        return logistic_line_derivs(d.labels, d.weights, self.alpha, self.dalpha, gamma)
+
+    def apply(self, gamma: float, dw: np.ndarray) -> None:
+        apply_dual_step(self.loss, self.data.labels, self.alpha, self.dalpha, gamma)
+        axpy(self.w, gamma, dw)
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         return self.alpha.copy(), self.w.copy()
 
     def restore(self, local: np.ndarray, shared: np.ndarray) -> None:
-        if local.shape != self.alpha.shape or shared.shape != self.w.shape:
-            raise ValueError(
-                f"resume state does not fit this shard: alpha {local.shape} vs {self.alpha.shape}, "
-                f"w {shared.shape} vs {self.w.shape}"
-            )
+        self._check_fit(local, shared)
         np.copyto(self.alpha, local)
         np.copyto(self.w, shared)

@@ -1,171 +1,67 @@
-"""GPU local solvers (TPA-SCD) for CoCoA / SCD, and a trainer that uses them.
+"""GPU local solvers (TPA-SCD) for CoCoA / SCD with device-resident local variables, and the
+trainer that uses them.
 
-``GpuDualLocalSolver`` / ``GpuPrimalLocalSolver`` play the role of ``local_solver``'s CPU
-solvers: H epochs of SCD on a worker's CoCoA subproblem, run by the TPA-SCD kernels of
-``gpu_kernels`` (one thread block per coordinate, in-block shared-memory reduction, atomic
-shared-vector updates). The training data (CSR rows for the dual, CSC columns for the primal),
-the labels, weights, norms and the local variables stay on the device across epochs and rounds;
-per round the shared vector goes up and the updated one comes back through pinned host buffers
-(``cuda.pinned_array``), as in Parnell et al. Sec. V-A. The epoch permutations are those of the
-CPU solver (``epoch_rng``); the permutation of each epoch is uploaded (through a pinned buffer).
+``GpuDualLocalSolver`` / ``GpuPrimalLocalSolver`` hold one rank's share of a CoCoA problem on
+the device: the training data (CSR rows for the dual, CSC columns for the primal), labels,
+weights, norms, the local variables of the committed point ``x0`` and of the round's proposal
+``x``, and the shared vector ``w`` of the committed point. Their per-round API:
 
-Two ways to drive them:
+* ``set_shared(shared)`` -- upload the host's shared vector after the CoCoA step (one vector up);
+* ``run(sigma, epochs, seed, rank, round)`` -- H TPA-SCD epochs (``gpu_kernels``) from ``x0`` and
+  ``w``, the epoch permutations made on the device (``gpu_shuffle``) -> ``u`` (one vector down):
+  ``shared + sigma * (local change of the shared vector)``;
+* reductions over the local variables (gap pieces, line-search pieces, logistic derivatives;
+  ``gpu_reduce_kernels``) -> a few scalars down;
+* ``commit(gamma)`` -- ``x0 += gamma (x - x0)`` on the device (nothing crosses);
+* ``load_local`` / ``local()`` -- the local vector up / down, only on a restore or when a
+  checkpoint or the model needs it.
 
-* ``solve(local, shared, sigma, epochs, seed, rank, round_index)`` -- the CPU solvers' call, so a
-  ``DualProblem`` / ``PrimalProblem`` can use a GPU solver unchanged (``train_cocoa_gpu`` does
-  that). Those classes own the local variables on the host (line search, gap, checkpoints), so
-  in this mode the local vector also crosses the bus each round.
-* ``load_local(local)`` once, then per round ``run(shared, ...)`` -> the updated shared vector
-  (only the shared vector crosses) and ``commit(gamma)`` (local += gamma * delta, on the device);
-  ``local()`` downloads the local vector when it is needed (gap, checkpoint, model).
-
-Device arrays are CuPy arrays on a real GPU when CuPy is installed (the ``gpu`` extra,
-``cupy-cuda12x``), else numba.cuda device arrays; under the CUDA simulator
-(``NUMBA_ENABLE_CUDASIM=1``) everything runs on the CPU with numba's device arrays, which is how
-the kernels are tested without a GPU. CuPy is imported only inside the real-GPU code path and
-nothing here touches the driver at import time.
+Host buffers of vector transfers are pinned (``cuda.pinned_array``), as in Parnell et al. Sec. V-A.
+``gpu_problem`` wraps these into the round loop's ``Problem``; ``train_cocoa_gpu`` runs it.
 """
 
 from __future__ import annotations
 
 import abc
+import functools
 import warnings
 from collections.abc import Callable
 
 import numpy as np
 
 from solvers.data import CSRData
-from solvers.scd.local_solver import epoch_rng
+from solvers.scd.gpu_device import (
+    MAX_REDUCE_BLOCKS,
+    Device,
+    coord_grid,
+    default_threads,
+    gpu_available,
+    launch_shape,
+    require_gpu,
+    select_device,
+    simulator_enabled,
+)
 from solvers.scd.partition import FeatureBlock
 
-DEFAULT_MAX_THREADS = 256
+__all__ = ["GpuDualLocalSolver", "GpuPrimalLocalSolver", "gpu_available", "select_device",
+           "simulator_enabled", "train_cocoa_gpu"]
 
-
-def simulator_enabled() -> bool:
-    """True when numba.cuda is the CPU simulator (``NUMBA_ENABLE_CUDASIM=1`` before import)."""
-    try:
-        from numba import config
-    except Exception:  # noqa: BLE001 - numba missing: no simulator either
-        return False
-    return bool(getattr(config, "ENABLE_CUDASIM", 0))
-
-
-def gpu_available() -> tuple[bool, str]:
-    """(usable, reason): whether the TPA-SCD kernels can run here, and a message saying why (not)."""
-    try:
-        from numba import cuda
-    except Exception as exc:  # noqa: BLE001 - report any import problem as the reason
-        return False, f"numba.cuda cannot be imported ({exc}); install numba-cuda (the gpu extra)"
-    if simulator_enabled():
-        return True, "numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1): kernels run on the CPU, slowly"
-    try:
-        if not cuda.is_available():
-            try:  # ask the driver for the reason (no driver, no device, ...)
-                cuda.current_context()
-            except Exception as exc:  # noqa: BLE001
-                return False, f"no usable CUDA device: {exc}"
-            return False, "no usable CUDA device (numba.cuda.is_available() is False)"
-        dev = cuda.get_current_device()
-        name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
-        cc = dev.compute_capability
-        if cc < (6, 0):
-            return False, f"CUDA device {name} has compute capability {cc}; float64 atomics need >= 6.0"
-        return True, f"CUDA device {name} (compute capability {cc[0]}.{cc[1]})"
-    except Exception as exc:  # noqa: BLE001 - any driver error means no usable GPU
-        return False, f"no usable CUDA device: {exc}"
-
-
-def select_device(address: str | None) -> None:
-    """Use the GPU Spark assigned to this task (its resource address, e.g. "0"), if any."""
-    if address is None or simulator_enabled():
-        return
-    from numba import cuda
-
-    cuda.select_device(int(address))
-
-
-def _require_gpu() -> None:
-    ok, reason = gpu_available()
-    if not ok:
-        raise RuntimeError(f"TPA-SCD needs a CUDA device: {reason}")
-
-
-def _default_threads(nnz: int, n_coords: int) -> int:
-    """Threads per block: a power of two near the mean non-zeros per coordinate, in [32, 256]
-    (a warp at least on a real device); 2 under the simulator (every thread is a Python thread)."""
-    if simulator_enabled():
-        return 2
-    mean = nnz / max(n_coords, 1)
-    t = 32
-    while t < mean and t < DEFAULT_MAX_THREADS:
-        t *= 2
-    return t
-
-
-class _Device:
-    """Device arrays and transfers: CuPy on a real GPU when installed, numba.cuda otherwise."""
-
-    def __init__(self) -> None:
-        from numba import cuda
-
-        self.cuda = cuda
-        self.cp = None
-        if not simulator_enabled():
-            try:
-                import cupy  # optional extra (cupy-cuda12x), only on real-GPU paths
-
-                self.cp = cupy
-            except ImportError:
-                self.cp = None
-
-    def put(self, host: np.ndarray):
-        host = np.ascontiguousarray(host)
-        if self.cp is not None:
-            return self.cp.asarray(host)
-        return self.cuda.to_device(host)
-
-    def empty_like_host(self, host: np.ndarray):
-        return self.put(np.zeros_like(host))
-
-    def pinned(self, n: int, dtype) -> np.ndarray:
-        return self.cuda.pinned_array(n, dtype=dtype)
-
-    def upload(self, dev, host: np.ndarray) -> None:
-        if self.cp is not None:
-            dev.set(host)
-        else:
-            dev.copy_to_device(host)
-
-    def download(self, dev, host: np.ndarray) -> None:
-        if self.cp is not None:
-            dev.get(out=host)
-        else:
-            dev.copy_to_host(host)
-
-    def copy(self, dst, src) -> None:
-        """Device-to-device copy of equal-length arrays."""
-        if self.cp is not None:
-            dst[...] = src
-        else:
-            dst.copy_to_device(src)
-
-    def synchronize(self) -> None:
-        if self.cp is not None:
-            self.cp.cuda.get_current_stream().synchronize()
-        self.cuda.synchronize()
+_REDUCE_COLUMNS = 3
 
 
 class _GpuLocalSolver(abc.ABC):
-    """Common machinery: local variables x (and their round start x0), shared vector u, order."""
+    """Common machinery: x0 / x, the shared vector w and its working copy u, the order buffer,
+    and deterministic reductions that bring back ``_REDUCE_COLUMNS`` scalars."""
 
     def __init__(self, n_coords: int, n_shared: int, nnz: int, threads_per_block: int | None,
                  blocks: int | None) -> None:
         from solvers.scd import gpu_kernels as gk
+        from solvers.scd import gpu_reduce_kernels as rk
 
-        _require_gpu()
-        self.gk = gk
-        self.dev = _Device()
-        tpb = _default_threads(nnz, n_coords) if threads_per_block is None else int(threads_per_block)
+        require_gpu()
+        self.gk, self.rk = gk, rk
+        self.dev = Device()
+        tpb = default_threads(nnz, n_coords) if threads_per_block is None else int(threads_per_block)
         if tpb < 1 or tpb > gk.MAX_THREADS or tpb & (tpb - 1):
             raise ValueError(f"threads_per_block: {tpb} is not allowed; expected a power of two "
                              f"in [1, {gk.MAX_THREADS}]")
@@ -175,91 +71,94 @@ class _GpuLocalSolver(abc.ABC):
         self.n = n_coords
         # one block per coordinate (the paper); fewer blocks loop over the permutation
         self.blocks = max(1, n_coords if blocks is None else min(int(blocks), n_coords))
-        self.x = self.dev.put(np.zeros(n_coords))
-        self.x0 = self.dev.put(np.zeros(n_coords))
-        self.u = self.dev.put(np.zeros(n_shared))
-        self.order = self.dev.put(np.zeros(max(n_coords, 1), np.int64))
-        self.h_x = self.dev.pinned(n_coords, np.float64)
-        self.h_u = self.dev.pinned(n_shared, np.float64)
-        self.h_order = self.dev.pinned(max(n_coords, 1), np.int64)
-        self.epochs_run = 0
+        dev = self.dev
+        self.x0 = dev.put(np.zeros(n_coords))
+        self.x = dev.put(np.zeros(n_coords))
+        self.w = dev.put(np.zeros(n_shared))
+        self.u = dev.empty(n_shared, np.float64)
+        self.order = dev.empty(max(n_coords, 1), np.int64)[:n_coords]
+        self.part = dev.empty((MAX_REDUCE_BLOCKS, _REDUCE_COLUMNS), np.float64)
+        self.out = dev.empty(_REDUCE_COLUMNS, np.float64)
+        self.h_x = dev.pinned(n_coords, np.float64)
+        self.h_w = dev.pinned(n_shared, np.float64)
+        self.h_u = dev.pinned(n_shared, np.float64)
+        self.h_out = dev.pinned(_REDUCE_COLUMNS, np.float64)
 
     # -- the resident API ------------------------------------------------------------------
 
     def load_local(self, local: np.ndarray) -> None:
-        """Upload the local variables (once, or after a restore)."""
+        """Upload the local variables of the committed point (at the start, or after a restore)."""
         if local.shape != (self.n,):
             raise ValueError(f"local vector has shape {local.shape}; expected ({self.n},)")
-        np.copyto(self.h_x, local)
-        self.dev.upload(self.x, self.h_x)
-        self.dev.copy(self.x0, self.x)
+        if self.n:
+            np.copyto(self.h_x, local)
+            self.dev.upload(self.x0, self.h_x)
+            self.dev.copy(self.x, self.x0)
 
-    def run(self, shared: np.ndarray, sigma: float, epochs: int, seed: int, rank: int,
-            round_index: int) -> np.ndarray:
-        """H epochs from the resident local variables and ``shared``; -> u (a pinned buffer,
-        valid until the next call): ``shared + sigma * (local change of the shared vector)``."""
-        np.copyto(self.h_u, shared)
-        self.dev.upload(self.u, self.h_u)
-        for e in range(epochs):
-            if self.n:
-                np.copyto(self.h_order, epoch_rng(seed, rank, round_index, e).permutation(self.n))
-                self.dev.upload(self.order, self.h_order)
-                self._epoch(sigma)
-            self.epochs_run += 1
-        self.dev.download(self.u, self.h_u)
+    def set_shared(self, shared: np.ndarray) -> None:
+        """Upload the shared vector of the committed point (reused by the reductions and ``run``)."""
+        np.copyto(self.h_w, shared)
+        self.dev.upload(self.w, self.h_w)
+
+    def run(self, sigma: float, epochs: int, seed: int, rank: int, round_index: int) -> np.ndarray:
+        """H epochs from ``x0`` and ``w`` into ``x`` and ``u``; -> u on the host (a pinned buffer,
+        valid until the next call): ``w + sigma * (local change of the shared vector)``."""
+        from solvers.scd.gpu_shuffle import domain_bits, epoch_keys, permutation_kernel
+
+        dev = self.dev
+        dev.copy(self.u, self.w)
+        if self.n:
+            dev.copy(self.x, self.x0)
+        half, mask = domain_bits(self.n)
+        grid, threads = launch_shape(self.n, 256)
+        for e in range(epochs if self.n else 0):
+            dev.launch(permutation_kernel, grid, threads, self.order, self.n, half, mask,
+                       *epoch_keys(seed, rank, round_index, e))
+            self._epoch(sigma)
+        dev.download(self.u, self.h_u)
         return self.h_u
 
     def commit(self, gamma: float) -> None:
-        """local = x0 + gamma (x - x0) on the device; the next round starts from there."""
-        gk = self.gk
+        """local = x0 + gamma (x - x0) on the device (x = x0 afterwards)."""
         if self.n:
-            grid = -(-self.n // 256)
-            if gamma != 1.0:
-                gk.axpy_kernel[grid, 256](self.x, gamma - 1.0, self._delta())
-                self._clamp()
-            self.dev.copy(self.x0, self.x)
-
-    def discard(self) -> None:
-        """Drop the last round's proposal (local = x0)."""
-        self.dev.copy(self.x, self.x0)
+            grid, threads = launch_shape(self.n, 256)
+            self._commit(grid, threads, float(gamma))
 
     def local(self) -> np.ndarray:
-        """The local variables on the host (a pinned buffer, valid until the next call)."""
-        self.dev.download(self.x, self.h_x)
+        """The committed local variables on the host (a pinned buffer, valid until the next call)."""
+        if self.n:
+            self.dev.download(self.x0, self.h_x)
         return self.h_x
+
+    def traffic(self) -> dict[str, int]:
+        return self.dev.traffic()
 
     def synchronize(self) -> None:
         self.dev.synchronize()
 
-    # -- the CPU solvers' call ----------------------------------------------------------------
-
-    def solve(self, local: np.ndarray, shared: np.ndarray, sigma: float, epochs: int, seed: int,
-              rank: int, round_index: int) -> tuple[np.ndarray, np.ndarray]:
-        """Same contract as the CPU local solvers: -> (local after the epochs, u)."""
-        self.load_local(local)
-        u = self.run(shared, sigma, epochs, seed, rank, round_index)
-        return self.local(), u
+    def _reduce(self, kernel, grid: int, threads: int, args: tuple, n_sum: int) -> np.ndarray:
+        """Launch ``kernel(*args, part)`` on ``grid`` blocks, combine the rows in block order
+        (columns < n_sum summed, the others minimised) -> the scalars (a host copy)."""
+        self.dev.launch(kernel, grid, threads, *args, self.part)
+        self.dev.launch(self.rk.finish_partials, 1, _REDUCE_COLUMNS, self.part, grid, n_sum,
+                        self.out)
+        self.dev.download(self.out, self.h_out)
+        return self.h_out.copy()
 
     # -- per formulation ----------------------------------------------------------------------
-
-    def _delta(self):
-        """x - x0 as a device array (only used with gamma != 1)."""
-        if self.dev.cp is not None:
-            return self.x - self.x0
-        d = self.x.copy_to_host() - self.x0.copy_to_host()  # simulator / numba-only fallback
-        return self.dev.put(d)
 
     @abc.abstractmethod
     def _epoch(self, sigma: float) -> None:
         """One TPA-SCD epoch over this solver's coordinates (the formulation's kernel launch)."""
 
-    def _clamp(self) -> None:  # noqa: B027 - optional hook: only the hinge dual clamps to its box
-        """Project the local variables back onto their domain (most problems need nothing)."""
+    @abc.abstractmethod
+    def _commit(self, grid: int, threads: int, gamma: float) -> None:
+        """The formulation's commit kernel."""
 
 
 class GpuDualLocalSolver(_GpuLocalSolver):
-    """SDCA epochs by TPA-SCD on one example shard (the GPU twin of ``DualLocalSolver``):
-    local = alpha (n_rows,), shared = w (n_features + 1,), ``scale = sigma / (lam N)``."""
+    """SDCA by TPA-SCD on one example shard (the GPU twin of ``DualLocalSolver`` and of
+    ``DualProblem``'s local sums): local = alpha (n_rows,), shared = w (n_features + 1,)."""
 
     def __init__(self, data: CSRData, loss: int, lam: float, n_weight: float, bias_scale: float,
                  threads_per_block: int | None = None, blocks: int | None = None) -> None:
@@ -274,24 +173,51 @@ class GpuDualLocalSolver(_GpuLocalSolver):
         self.values = put(data.values.astype(np.float32))
         self.labels = put(data.labels.astype(np.float32))
         self.weights = put(data.weights.astype(np.float32))
-        self.sqn = put(np.zeros(max(data.n_rows, 1)))
+        self.sqn = self.dev.empty(max(data.n_rows, 1), np.float64)
         if data.n_rows:
             grid = -(-data.n_rows // 128)
-            self.gk.row_sq_norms_kernel[grid, 128](self.indptr, self.values, self.bias_scale,
-                                                   self.sqn)
+            self.dev.launch(self.gk.row_sq_norms_kernel, grid, 128, self.indptr, self.values,
+                            self.bias_scale, self.sqn)
 
     def _epoch(self, sigma: float) -> None:
-        self.gk.tpa_dual_epoch[self.blocks, self.tpb](
-            self.indptr, self.indices, self.values, self.labels, self.weights, self.sqn, self.x,
-            self.u, self.order, self.loss, sigma / self.lam_n, self.bias_scale, self.bias_index)
+        self.dev.launch(
+            self.gk.tpa_dual_epoch, self.blocks, self.tpb, self.indptr, self.indices, self.values, self.labels, self.weights, self.sqn, self.x,
+            self.u, self.order, self.loss, sigma / self.lam_n, self.bias_scale,
+            self.bias_index)
 
-    def _clamp(self) -> None:
-        grid = -(-self.n // 256)
-        self.gk.clamp_dual_kernel[grid, 256](self.loss, self.labels, self.x)
+    def _commit(self, grid: int, threads: int, gamma: float) -> None:
+        self.dev.launch(self.rk.commit_dual_kernel, grid, threads, self.loss, self.labels, self.x,
+                        self.x0, gamma, self.n)
+
+    def objective_sums(self) -> np.ndarray:
+        """(sum c phi(x_i . w), sum c h(alpha_i)) at the committed point (``dual_objective_sums``)."""
+        if not self.n:
+            return np.zeros(2)
+        args = (self.indptr, self.indices, self.values, self.labels, self.weights, self.x0, self.w,
+                self.n, self.loss, self.bias_scale, self.bias_index)
+        return self._reduce(self.rk.dual_eval_partials, coord_grid(self.n), self.tpb, args, 2)[:2]
+
+    def line_sums(self) -> tuple[float, float, float]:
+        """(p0, p1, gamma_max) of ``dual_line_sums`` for the proposal dalpha = x - x0."""
+        if not self.n:
+            return 0.0, 0.0, np.inf
+        grid, threads = launch_shape(self.n, 256)
+        args = (self.loss, self.labels, self.weights, self.x, self.x0, self.n)
+        r = self._reduce(self.rk.dual_line_partials, grid, threads, args, 2)
+        return float(r[0]), float(r[1]), float(r[2])
+
+    def logistic_derivs(self, gamma: float) -> tuple[float, float]:
+        """``logistic_line_derivs`` at alpha + gamma dalpha (two scalars down)."""
+        if not self.n:
+            return 0.0, 0.0
+        grid, threads = launch_shape(self.n, 256)
+        args = (self.labels, self.weights, self.x, self.x0, self.n, float(gamma))
+        r = self._reduce(self.rk.logistic_partials, grid, threads, args, 2)
+        return float(r[0]), float(r[1])
 
 
 class GpuPrimalLocalSolver(_GpuLocalSolver):
-    """Ridge SCD epochs by TPA-SCD on a block of columns (the GPU twin of ``PrimalLocalSolver``):
+    """Ridge SCD by TPA-SCD on a block of columns (the GPU twin of ``PrimalLocalSolver``):
     local = beta (block), shared = the margins z of all rows."""
 
     def __init__(self, block: FeatureBlock, lam: float, n_weight: float,
@@ -306,38 +232,47 @@ class GpuPrimalLocalSolver(_GpuLocalSolver):
         self.vals = put(block.vals.astype(np.float32))
         self.labels = put(block.labels.astype(np.float32))
         self.weights = put(block.weights.astype(np.float32))
-        self.csq = put(np.zeros(max(m, 1)))
+        self.csq = self.dev.empty(max(m, 1), np.float64)
         if m:
             grid = -(-m // 128)
-            self.gk.col_sq_norms_kernel[grid, 128](self.colptr, self.rows, self.vals,
-                                                   self.weights, self.csq)
+            self.dev.launch(self.gk.col_sq_norms_kernel, grid, 128, self.colptr, self.rows,
+                            self.vals, self.weights, self.csq)
 
     def _epoch(self, sigma: float) -> None:
-        self.gk.tpa_primal_epoch[self.blocks, self.tpb](
-            self.colptr, self.rows, self.vals, self.labels, self.weights, self.csq, self.x,
+        self.dev.launch(
+            self.gk.tpa_primal_epoch, self.blocks, self.tpb, self.colptr, self.rows, self.vals, self.labels, self.weights, self.csq, self.x,
             self.u, self.order, self.lam_n, float(sigma))
 
+    def _commit(self, grid: int, threads: int, gamma: float) -> None:
+        self.dev.launch(self.rk.commit_primal_kernel, grid, threads, self.x, self.x0, gamma,
+                        self.n)
 
-def attach_gpu_solver(problem, params, n_weight: float, threads_per_block: int | None = None,
-                      blocks: int | None = None) -> None:
-    """Replace a ``DualProblem`` / ``PrimalProblem``'s CPU local solver by its GPU twin."""
-    from solvers.scd.losses import loss_code
+    def eval_sums(self) -> np.ndarray:
+        """(||beta_k||^2, (lam N)^2 ||w_k(y - z)||^2) at the committed point, z = the shared w."""
+        if not self.n:
+            return np.zeros(2)
+        args = (self.colptr, self.rows, self.vals, self.labels, self.weights, self.x0, self.w,
+                self.n)
+        return self._reduce(self.rk.primal_eval_partials, coord_grid(self.n), self.tpb, args, 2)[:2]
 
-    if params.formulation == "dual":
-        problem.solver = GpuDualLocalSolver(problem.data, loss_code(params.loss), params.l2,
-                                            n_weight, params.bias_scale, threads_per_block, blocks)
-    else:
-        problem.solver = GpuPrimalLocalSolver(problem.block, params.l2, n_weight,
-                                              threads_per_block, blocks)
+    def line_sums(self) -> tuple[float, float]:
+        """(<beta, dbeta>, ||dbeta||^2) for the proposal dbeta = x - x0."""
+        if not self.n:
+            return 0.0, 0.0
+        grid, threads = launch_shape(self.n, 256)
+        r = self._reduce(self.rk.primal_line_partials, grid, threads, (self.x, self.x0, self.n), 2)
+        return float(r[0]), float(r[1])
 
 
 def train_cocoa_gpu(data: CSRData, comm, params, on_round_end: Callable | None = None,
                     threads_per_block: int | None = None, blocks: int | None = None,
                     fallback: bool = True, resume=None):
-    """``api.train_cocoa`` with TPA-SCD local solvers (``params.threads`` / ``bucket_size`` are
-    ignored: the GPU's thread blocks are the parallelism). Without a usable GPU: a warning naming
-    the reason and the CPU solver when ``fallback``, else RuntimeError."""
+    """``api.train_cocoa`` with the local variables and TPA-SCD local solvers on the GPU
+    (``gpu_problem``; ``params.threads`` / ``bucket_size`` are ignored: the GPU's thread blocks
+    are the parallelism). Without a usable GPU: a warning naming the reason and the CPU solver
+    when ``fallback``, else RuntimeError."""
     from solvers.scd import api
+    from solvers.scd.gpu_problem import make_gpu_problem
 
     ok, reason = gpu_available()
     if not ok:
@@ -346,7 +281,6 @@ def train_cocoa_gpu(data: CSRData, comm, params, on_round_end: Callable | None =
         warnings.warn(f"no GPU for TPA-SCD ({reason}); using the CPU solver", RuntimeWarning,
                       stacklevel=2)
         return api.train_cocoa(data, comm, params, on_round_end, resume)
-    return api.train_cocoa(
-        data, comm, params, on_round_end, resume,
-        prepare=lambda problem, n_weight: attach_gpu_solver(problem, params, n_weight, threads_per_block, blocks),
-    )
+    factory = functools.partial(make_gpu_problem, threads_per_block=threads_per_block,
+                                blocks=blocks)
+    return api.train_cocoa(data, comm, params, on_round_end, resume, make_problem=factory)

@@ -214,20 +214,3 @@ def tpa_primal_epoch(colptr, rows, vals, labels, weights, csq, beta, u, order, l
             for k in range(start + tid, stop, nthr):
                 cuda.atomic.add(u, rows[k], coef * float64(vals[k]))
         cuda.syncthreads()
-
-
-@cuda.jit
-def axpy_kernel(y, a, x):
-    """y += a x (one thread per entry): applies a CoCoA step to a device-resident local vector."""
-    j = cuda.grid(1)
-    if j < y.shape[0]:
-        y[j] += a * x[j]
-
-
-@cuda.jit
-def clamp_dual_kernel(loss, labels, alpha):
-    """Keep b = s alpha in [0, 1] for hinge / logistic after a CoCoA step (round-off only)."""
-    i = cuda.grid(1)
-    if i < alpha.shape[0] and loss != SQUARED:
-        s = 1.0 if labels[i] > 0.5 else -1.0
-        alpha[i] = s * min(max(s * alpha[i], 0.0), 1.0)

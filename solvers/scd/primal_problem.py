@@ -27,8 +27,10 @@ from solvers.scd.partition import feature_block
 from solvers.scd.primal_kernels import dual_map_sq_norm, residual_direction_sums, residual_sums
 
 
-class PrimalProblem:
-    """One rank's side of primal (by-feature) CoCoA for ridge regression."""
+class PrimalProblemBase:
+    """The host side of primal CoCoA: the column block, the replicated z, the round's dz,
+    objectives, gamma, model. Subclasses keep beta_k and provide ``eval_pieces``, ``propose``,
+    ``line_pieces``, ``apply``, ``snapshot``, ``restore`` and ``_local_beta``."""
 
     eval_len = 2
 
@@ -38,12 +40,9 @@ class PrimalProblem:
         self.n_columns = data.n_features + 1
         self.block = feature_block(data, comm, params.bias_scale)
         self.sigma = local_sigma(params.aggregation, comm.size)
-        self.solver = PrimalLocalSolver(self.block, params.l2, n_weight, params.threads,
-                                        params.bucket_size)
-        m, n = self.block.owned.shape[0], self.block.labels.shape[0]
-        self.beta = np.zeros(m)
+        self.n_local = self.block.owned.shape[0]
+        n = self.block.labels.shape[0]
         self.z = np.zeros(n)
-        self.dbeta = np.zeros(m)
         self.dz = np.zeros(n)
         self.line_len = 2 if params.aggregation == "adaptive" else 0
 
@@ -51,34 +50,14 @@ class PrimalProblem:
     def shared_len(self) -> int:
         return self.z.shape[0]
 
-    # -- the current point -------------------------------------------------------------------
-
-    def eval_pieces(self) -> np.ndarray:
-        b = self.block
-        return np.array([seq_dot(self.beta, self.beta),
-                         dual_map_sq_norm(b.colptr, b.rows, b.vals, b.labels, b.weights, self.z)])
-
     def objectives(self, sums: np.ndarray) -> tuple[float, float]:
         lam, n_w = self.p.l2, self.n_weight
         loss_sum, conj_sum = residual_sums(self.z, self.block.labels, self.block.weights)
         w_sq = sums[1] / (lam * n_w) ** 2
         return loss_sum / n_w + 0.5 * lam * sums[0], conj_sum / n_w - 0.5 * lam * w_sq
 
-    # -- a round -----------------------------------------------------------------------------
-
-    def propose(self, round_index: int) -> None:
-        beta, u = self.solver.solve(self.beta, self.z, self.sigma, self.p.local_epochs,
-                                    self.p.seed, self.comm.rank, round_index)
-        np.subtract(beta, self.beta, out=self.dbeta)
-        scaled_difference(self.dz, u, self.z, 1.0 / self.sigma)
-
     def shared_delta(self) -> np.ndarray:
         return self.dz
-
-    def line_pieces(self) -> np.ndarray:
-        if not self.line_len:
-            return np.zeros(0)
-        return np.array([seq_dot(self.beta, self.dbeta), seq_dot(self.dbeta, self.dbeta)])
 
     def gamma(self, dz: np.ndarray, sums: np.ndarray) -> float:
         if self.p.aggregation != "adaptive":
@@ -86,27 +65,61 @@ class PrimalProblem:
         a, b = residual_direction_sums(self.z, dz, self.block.labels, self.block.weights)
         return ridge_primal_gamma(a, b, sums[0], sums[1], self.p.l2, self.n_weight)
 
-    def apply(self, gamma: float, dz: np.ndarray) -> None:
-        axpy(self.beta, gamma, self.dbeta)
-        axpy(self.z, gamma, dz)
-
-    # -- model and checkpoints ---------------------------------------------------------------
-
     def model(self) -> np.ndarray:
         """beta (n_features + 1,), float64: the blocks summed by an allreduce (disjoint supports,
         so the sum is exact and identical on every rank)."""
         full = np.zeros(self.n_columns)
-        full[self.block.owned] = self.beta
+        full[self.block.owned] = self._local_beta()
         return self.comm.allreduce(full)
+
+    def _check_fit(self, local: np.ndarray, shared: np.ndarray) -> None:
+        if local.shape != (self.n_local,) or shared.shape != self.z.shape:
+            raise ValueError(
+                f"resume state does not fit this block: beta {local.shape} vs ({self.n_local},), "
+                f"z {shared.shape} vs {self.z.shape}"
+            )
+
+    def _local_beta(self) -> np.ndarray:
+        raise NotImplementedError
+
+
+class PrimalProblem(PrimalProblemBase):
+    """One rank's side of primal (by-feature) CoCoA for ridge regression, on the CPU."""
+
+    def __init__(self, data: CSRData, comm: Communicator, params: CocoaParams, n_weight: float):
+        super().__init__(data, comm, params, n_weight)
+        self.solver = PrimalLocalSolver(self.block, params.l2, n_weight, params.threads,
+                                        params.bucket_size)
+        self.beta = np.zeros(self.n_local)
+        self.dbeta = np.zeros(self.n_local)
+
+    def eval_pieces(self) -> np.ndarray:
+        b = self.block
+        return np.array([seq_dot(self.beta, self.beta),
+                         dual_map_sq_norm(b.colptr, b.rows, b.vals, b.labels, b.weights, self.z)])
+
+    def propose(self, round_index: int) -> None:
+        beta, u = self.solver.solve(self.beta, self.z, self.sigma, self.p.local_epochs,
+                                    self.p.seed, self.comm.rank, round_index)
+        np.subtract(beta, self.beta, out=self.dbeta)
+        scaled_difference(self.dz, u, self.z, 1.0 / self.sigma)
+
+    def line_pieces(self) -> np.ndarray:
+        if not self.line_len:
+            return np.zeros(0)
+        return np.array([seq_dot(self.beta, self.dbeta), seq_dot(self.dbeta, self.dbeta)])
+
+    def apply(self, gamma: float, dz: np.ndarray) -> None:
+        axpy(self.beta, gamma, self.dbeta)
+        axpy(self.z, gamma, dz)
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         return self.beta.copy(), self.z.copy()
 
     def restore(self, local: np.ndarray, shared: np.ndarray) -> None:
-        if local.shape != self.beta.shape or shared.shape != self.z.shape:
-            raise ValueError(
-                f"resume state does not fit this block: beta {local.shape} vs {self.beta.shape}, "
-                f"z {shared.shape} vs {self.z.shape}"
-            )
+        self._check_fit(local, shared)
         np.copyto(self.beta, local)
         np.copyto(self.z, shared)
+
+    def _local_beta(self) -> np.ndarray:
+        return self.beta

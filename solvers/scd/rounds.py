@@ -38,7 +38,8 @@ from solvers.scd.timing import RoundClock
 
 
 class Problem(Protocol):
-    """What the loop needs from a formulation (``DualProblem`` / ``PrimalProblem``)."""
+    """What the loop needs from a formulation (``DualProblem`` / ``PrimalProblem`` on the CPU,
+    ``gpu_problem.GpuDualProblem`` / ``GpuPrimalProblem`` with the local variables on a GPU)."""
 
     eval_len: int
     line_len: int

@@ -7,10 +7,12 @@ row, 2^20 features), ``ROWS`` rows (env ``TERASCALE_BENCH_GPU_ROWS``). One rank
 For each problem (logistic in the dual, ridge in the dual and in the primal, l2 = ``L2``), three
 solvers train to a duality gap <= ``EPS`` * P(0): the CPU sequential reference (threads = 1),
 the CPU multi-threaded solver (threads = all cores, Snap ML's bucketed scheme) and TPA-SCD on
-the GPU. Figures per solver: seconds to the gap (``elapsed_s`` of the first history row that
+the GPU (``gpu_problem``: the local variables stay on the device, only the shared vector and
+a few scalars cross PCIe per round). Figures per solver: seconds to the gap (``elapsed_s`` of the first history row that
 reaches it, set-up included; the GPU kernels are compiled by a warm-up run first), epochs to the
 gap, the ratio of epochs to the sequential solver's (the price of asynchrony: Parnell et al.
-report ~1 for TPA-SCD), and the speed-up over the sequential solver.
+report ~1 for TPA-SCD), the speed-up over the sequential solver, and for the GPU the bytes that
+crossed PCIe each way (``pcie``).
 
 ``python -m tests.benchmarks gpu_scd`` (or ``python -m tests.benchmarks.bench_gpu_scd``). Without
 a usable GPU ``main()`` prints why and returns ``{"skipped": reason}``; run as a script it exits
@@ -43,22 +45,29 @@ def _time_to_gap(result, eps: float) -> tuple[float | None, int | None]:
 def _run(data, loss: str, formulation: str, solver: str) -> dict[str, Any]:
     from allreduce.communicator import LocalCommunicator
     from solvers.scd.api import train_cocoa
-    from solvers.scd.gpu import train_cocoa_gpu
+    from solvers.scd.gpu_problem import make_gpu_problem
     from solvers.scd.params import CocoaParams
 
     threads = (os.cpu_count() or 1) if solver == "cpu_threads" else 1
     p = CocoaParams(loss=loss, formulation=formulation, l2=L2, max_rounds=MAX_ROUNDS, tol=EPS,
                     threads=threads, local_epochs=1, seed=1)
+    made = []
+
+    def gpu_problem(*args):  # what train_cocoa_gpu builds, kept to read its transfer counters
+        made.append(make_gpu_problem(*args))
+        return made[-1]
+
     t = time.perf_counter()
-    if solver == "gpu":
-        res = train_cocoa_gpu(data, LocalCommunicator(), p, fallback=False)
-    else:
-        res = train_cocoa(data, LocalCommunicator(), p)
+    res = train_cocoa(data, LocalCommunicator(), p,
+                      make_problem=gpu_problem if solver == "gpu" else None)
     wall = time.perf_counter() - t
     seconds, epochs = _time_to_gap(res, EPS)
-    return {"threads": threads if solver != "gpu" else None, "seconds_to_gap": seconds,
-            "epochs_to_gap": epochs, "wall_s": wall, "final_gap": res.gap, "rounds": res.rounds,
-            "primal": res.primal}
+    out = {"threads": threads if solver != "gpu" else None, "seconds_to_gap": seconds,
+           "epochs_to_gap": epochs, "wall_s": wall, "final_gap": res.gap, "rounds": res.rounds,
+           "primal": res.primal}
+    if made:  # host<->device bytes, set-up (the data) included; per round: 16 x shared_len + 48
+        out["pcie"] = {**made[0].solver.traffic(), "shared_bytes": 8 * made[0].shared_len}
+    return out
 
 
 def _warm_up() -> None:
