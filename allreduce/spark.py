@@ -145,22 +145,45 @@ class BarrierTask:
 TaskFn = Callable[[BarrierTask], dict]
 
 
-def preflight(spark, slots_needed: int, what: str) -> None:
-    """Fail fast (not hang) when the cluster cannot gang-schedule the barrier stage."""
+def task_slots(spark) -> int:
+    """Concurrent task slots of the executors registered now (what Spark's barrier check uses:
+    executor cores / spark.task.cpus, summed; falls back to defaultParallelism)."""
+    sc = spark.sparkContext
+    try:
+        jsc = sc._jsc.sc()
+        return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+    except Exception:  # noqa: BLE001 - an older or different Spark: the public estimate
+        cpus = int(sc.getConf().get("spark.task.cpus", "1"))
+        return sc.defaultParallelism // max(cpus, 1)
+
+
+def preflight(spark, slots_needed: int, what: str, wait_s: float = 0.0, poll_s: float = 1.0) -> None:
+    """Fail fast (not hang) when the cluster cannot gang-schedule the barrier stage.
+
+    On a cluster, executors register a while after the session starts (containers launch,
+    archives unpack): wait up to ``wait_s`` for enough slots before giving up."""
     sc = spark.sparkContext
     conf = sc.getConf()
     if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":
         raise BarrierError(
             "barrier stages need a fixed set of executors: set spark.dynamicAllocation.enabled=false"
         )
-    cpus = int(conf.get("spark.task.cpus", "1"))
-    slots = sc.defaultParallelism // max(cpus, 1)
-    if slots < slots_needed:
-        raise BarrierError(
-            f"the barrier stage needs {slots_needed} concurrent task slots ({what}), but the cluster "
-            f"offers {slots} ({sc.defaultParallelism} cores / spark.task.cpus={cpus}); add executors or "
-            "cores, or lower train.workers / train.spares"
-        )
+    deadline = time.monotonic() + (0.0 if sc.master.startswith("local") else wait_s)
+    next_log = 0.0
+    while (slots := task_slots(spark)) < slots_needed:
+        now = time.monotonic()
+        if now >= deadline:
+            cpus = int(conf.get("spark.task.cpus", "1"))
+            raise BarrierError(
+                f"the barrier stage needs {slots_needed} concurrent task slots ({what}), but the "
+                f"cluster offers {slots} (executor cores / spark.task.cpus={cpus})"
+                + (f" after waiting {wait_s:.0f} s for executors" if wait_s and not sc.master.startswith("local") else "")
+                + "; add executors or cores, or lower train.workers / train.spares"
+            )
+        if now >= next_log:
+            log.info("waiting for executors: %d of %d task slots registered", slots, slots_needed)
+            next_log = now + 10.0
+        time.sleep(poll_s)
 
 
 def _task_host() -> str:
@@ -216,23 +239,30 @@ class BarrierResult:
 
 def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: NetConf,
                 max_attempts: int = 3, server_host: str = "", job_name: str = "terascale barrier",
-                no_retry: tuple[str, ...] = ()) -> BarrierResult:
+                no_retry: tuple[str, ...] = (),
+                on_attempt: Callable[[TreeServer, int], None] | None = None) -> BarrierResult:
     """Run ``task_fn`` on ``num_shards`` workers + ``spares`` spares; retry failed attempts.
 
     A failure whose summary names one of the exception class names in ``no_retry`` (errors a
     new attempt would only repeat, e.g. invalid input) fails the job at once.
+    ``on_attempt(server, attempt)`` is called when an attempt's tree server is up (e.g. to
+    show its pass-1 progress).
     """
-    preflight(spark, num_shards + spares, f"{num_shards} workers + {spares} spares")
+    preflight(spark, num_shards + spares, f"{num_shards} workers + {spares} spares", wait_s=net.startup_timeout_s)
     sc = spark.sparkContext
     host = server_host or sc.getConf().get("spark.driver.host", "127.0.0.1")
     attempts: list[dict] = []
     for attempt in range(max_attempts):
+        if attempt:  # a lost executor is being replaced: wait for its slots again
+            preflight(spark, num_shards + spares, f"{num_shards} workers + {spares} spares", wait_s=net.startup_timeout_s)
         key = new_key()
         t0 = time.perf_counter()
         with TreeServer(num_shards, key, host=host, handshake_timeout_s=net.handshake_timeout_s,
                         io_timeout_s=net.io_timeout_s, startup_timeout_s=net.startup_timeout_s,
                         max_frame_bytes=net.max_frame_bytes) as server:
             address = server.address
+            if on_attempt is not None:
+                on_attempt(server, attempt)
             log.info("%s: attempt %d of %d, tree server on %s:%d, %d workers + %d spares", job_name,
                      attempt + 1, max_attempts, address[0], address[1], num_shards, spares)
 

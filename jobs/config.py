@@ -173,6 +173,7 @@ class InjectConf:
     fail_attempt: int = param(0, "chaos drill: the driver attempt at which fail_shard fails", Interval(0, None, integer=True))
     fail_pass: int = param(1, "chaos drill: the pass at which fail_shard fails", Interval(1, None, integer=True))
     fail_mode: str = param("raise", "chaos drill: raise an exception or kill the process", OneOf(("raise", "kill")))
+    pass_delay_s: float = param(0.0, "chaos drill: every rank sleeps this long after each pass, stretching a run so an outside fault (a killed executor) can strike mid-training", Interval(0.0, 3600.0))
 
 
 _SP = SolverParams()  # the solvers' own defaults: declared once, there
@@ -210,7 +211,7 @@ class TrainConf:
     checkpoint_interval_s: float = param(
         30.0, "checkpoint after a pass once this many seconds passed since the last one (0: after every pass); "
         "a checkpoint holds the L-BFGS memory, 2 x lbfgs_memory x 2^bits floats", Interval(0, None))
-    inject: InjectConf = section(InjectConf, "fault injection for tests and chaos drills; off by default")
+    progress: str = param("auto", "driver console progress (pass, rows, objective, ETA): auto = a bar on a terminal, log lines otherwise", OneOf(("auto", "bar", "log")))
     inject: InjectConf = section(InjectConf, "fault injection for tests and chaos drills; off by default")
 
 

@@ -23,7 +23,10 @@ def get_spark(sconf):
     from pyspark.sql import SparkSession
 
     if launched_by_spark_submit():
-        spark = SparkSession.builder.appName(sconf.app_name).getOrCreate()
+        b = SparkSession.builder.appName(sconf.app_name)
+        for k, v in _executor_defaults().items():
+            b = b.config(k, v)
+        spark = b.getOrCreate()
     else:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -43,3 +46,17 @@ def get_spark(sconf):
     spark.sparkContext.setLogLevel(sconf.log_level)
     log.info("spark: master=%s parallelism=%d", spark.sparkContext.master, spark.sparkContext.defaultParallelism)
     return spark
+
+
+def _executor_defaults() -> dict[str, str]:
+    """Settings terascale adds under spark-submit unless the submitter set them: executors
+    keep numba's compiled kernels across applications (``pipeline.numba_cache``)."""
+    from pyspark import SparkConf, SparkContext
+
+    from pipeline.numba_cache import LOCATORS
+
+    SparkContext._ensure_initialized()  # the gateway spark-submit started: its --conf values
+    submitted = SparkConf()
+    wanted = {"spark.executorEnv.NUMBA_CACHE_LOCATOR_CLASSES": LOCATORS}
+    return {k: v for k, v in wanted.items() if not submitted.contains(k)}
+

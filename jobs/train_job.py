@@ -14,6 +14,7 @@ import uuid
 
 from allreduce.spark import BarrierError, NetConf, run_barrier
 from jobs.config import Config, to_dict
+from jobs.progress import ProgressMonitor
 from jobs.train_task import Inject, TaskSpec, run_train_task
 from pipeline import fsutil, modeldir
 from pipeline.dataset import plan_shards
@@ -33,6 +34,11 @@ class TrainError(RuntimeError):
 def solver_params(cfg: Config) -> SolverParams:
     t = cfg.train
     return SolverParams(**{f.name: getattr(t, f.name) for f in dataclasses.fields(SolverParams)})
+
+
+def _progress_tty(cfg: Config) -> bool | None:
+    """train.progress: auto (a bar on a terminal, log lines otherwise), bar, log."""
+    return {"auto": None, "bar": True, "log": False}[cfg.train.progress]
 
 
 def checkpoint_dir(cfg: Config, model_dir: str) -> str:
@@ -66,11 +72,13 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     )
     log.info("train: %s solver, %d workers + %d spares, %d rows in %d files, 2^%d features",
              params.solver, t.workers, t.spares, manifest["rows"], len(manifest["files"]), spec["bits"])
+    train_rows = manifest["rows"] - (manifest["rows"] // task.holdout_period if task.holdout_period else 0)
     try:
-        res = run_barrier(spark, t.workers, t.spares, lambda ctx: run_train_task(ctx, task),
-                          net=NetConf.from_conf(cfg.allreduce), max_attempts=t.max_attempts,
-                          server_host=cfg.allreduce.host, job_name="terascale train",
-                          no_retry=DETERMINISTIC_ERRORS)
+        with ProgressMonitor(ckpt, params.passes, train_rows, tty=_progress_tty(cfg)) as monitor:
+            res = run_barrier(spark, t.workers, t.spares, lambda ctx: run_train_task(ctx, task),
+                              net=NetConf.from_conf(cfg.allreduce), max_attempts=t.max_attempts,
+                              server_host=cfg.allreduce.host, job_name="terascale train",
+                              no_retry=DETERMINISTIC_ERRORS, on_attempt=monitor.attach)
     except BarrierError as e:
         fsutil.delete(staging)
         raise TrainError(str(e)) from None

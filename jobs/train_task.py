@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from allreduce.lazy import LazyCommunicator
 from jobs import checkpoint
+from jobs import progress as progress_file
 from pipeline import modeldir
 from pipeline.dataset import ShardPart, read_csr
 from solvers.api import train
@@ -35,6 +36,7 @@ class Inject:
     fail_attempt: int = 0
     fail_pass: int = 1
     fail_mode: str = "raise"
+    pass_delay_s: float = 0.0
 
     def maybe_fail(self, shard: int, attempt: int, pass_no: int) -> None:
         if (shard, attempt, pass_no) == (self.fail_shard, self.fail_attempt, self.fail_pass):
@@ -98,6 +100,11 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
     def on_pass_end(state: dict) -> None:
         p = int(state["pass"])
         spec.inject.maybe_fail(ctx.shard, ctx.attempt, p)
+        save_checkpoint(p, state)
+        if spec.inject.pass_delay_s:
+            time.sleep(spec.inject.pass_delay_s)
+
+    def save_checkpoint(p: int, state: dict) -> None:
         if not spec.checkpoint_dir:
             return
         due = time.monotonic() - last_saved[0] >= spec.checkpoint_interval_s
@@ -109,6 +116,8 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
         elif comm.rank == 0 and due:
             checkpoint.save(spec.checkpoint_dir, p, state)
             last_saved[0] = time.monotonic()
+        if comm.rank == 0:
+            progress_file.write_pass(spec.checkpoint_dir, state)
 
     progress = _progress_hook(ctx, spec)
     with comm:

@@ -1,0 +1,54 @@
+"""pipeline.numba_cache: the same code shipped at a new path (a new application's --py-files
+zip) finds the kernels the previous application compiled; changed code does not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from pipeline.numba_cache import LOCATORS
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = """
+import json
+from pipeline import hashing
+hashing.hash_tokens(["abc"], 0)
+f = hashing._hash_many
+print(json.dumps({"file": hashing.__file__, "hits": sum(f.stats.cache_hits.values()),
+                  "misses": sum(f.stats.cache_misses.values())}))
+"""
+
+
+def _zip(path: Path, patch: bytes = b"") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as z:
+        for f in sorted((ROOT / "pipeline").glob("*.py")):
+            data = f.read_bytes()
+            if f.name == "hashing.py":
+                data += patch
+            z.writestr(f"pipeline/{f.name}", data)
+    return path
+
+
+def _run(code_zip: Path, cache: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(code_zip), "NUMBA_CACHE_DIR": str(cache),
+           "NUMBA_CACHE_LOCATOR_CLASSES": LOCATORS}
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=code_zip.parent, check=True,
+                         capture_output=True, text=True, timeout=300)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_kernels_compiled_by_one_application_are_reused_by_the_next(tmp_path):
+    cache = tmp_path / "cache"
+    first = _run(_zip(tmp_path / "app-1" / "code.zip"), cache)
+    assert first["file"].startswith(str(tmp_path / "app-1" / "code.zip"))
+    assert (first["hits"], first["misses"]) == (0, 1)
+    assert list((cache / "pipeline" / "hashing").glob("*.nbi"))
+    again = _run(_zip(tmp_path / "app-2" / "code.zip"), cache)  # same code, new path
+    assert (again["hits"], again["misses"]) == (1, 0)
+    changed = _run(_zip(tmp_path / "app-3" / "code.zip", patch=b"\n# changed\n"), cache)
+    assert (changed["hits"], changed["misses"]) == (0, 1)
