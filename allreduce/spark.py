@@ -168,7 +168,9 @@ def preflight(spark, slots_needed: int, what: str, wait_s: float = 0.0, poll_s: 
         raise BarrierError(
             "barrier stages need a fixed set of executors: set spark.dynamicAllocation.enabled=false"
         )
-    deadline = time.monotonic() + (0.0 if sc.master.startswith("local") else wait_s)
+    # local[N]: the slots exist from the start; local-cluster and real clusters register later
+    fixed = re.fullmatch(r"local(\[[^\]]*\])?", sc.master) is not None
+    deadline = time.monotonic() + (0.0 if fixed else wait_s)
     next_log = 0.0
     while (slots := task_slots(spark)) < slots_needed:
         now = time.monotonic()
@@ -177,7 +179,7 @@ def preflight(spark, slots_needed: int, what: str, wait_s: float = 0.0, poll_s: 
             raise BarrierError(
                 f"the barrier stage needs {slots_needed} concurrent task slots ({what}), but the "
                 f"cluster offers {slots} (executor cores / spark.task.cpus={cpus})"
-                + (f" after waiting {wait_s:.0f} s for executors" if wait_s and not sc.master.startswith("local") else "")
+                + (f" after waiting {wait_s:.0f} s for executors" if wait_s and not fixed else "")
                 + "; add executors or cores, or lower train.workers / train.spares"
             )
         if now >= next_log:
