@@ -74,12 +74,10 @@ class Snapshot:
         return min((self.done_pass + within) / max(self.passes, 1), 1.0)
 
     def text(self) -> str:
-        parts = [f"pass {min(self.done_pass + 1, self.passes)}/{self.passes}" if self.done_pass < self.passes
-                 else f"pass {self.done_pass}/{self.passes}"]
-        if self.done_pass == 0:
-            parts.append(f"rows {self.rows_done:,}/{self.rows:,}")
-        else:
-            parts.append(f"rows {self.rows:,}/pass")
+        if self.done_pass == 0:  # pass 1 running: its rows so far
+            parts = [f"pass 1/{self.passes}", f"rows {self.rows_done:,}/{self.rows:,}"]
+        else:  # the numbers of the last completed pass
+            parts = [f"pass {self.done_pass}/{self.passes} done", f"rows {self.rows:,}/pass"]
         if self.objective is not None:
             parts.append(f"objective {self.objective:.6g}")
         if self.holdout_loss is not None:

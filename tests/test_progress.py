@@ -33,10 +33,10 @@ def test_snapshot_eta_and_text():
                  elapsed_s=40.0, attempt=2)
     assert s.eta_s() == pytest.approx(60.0)
     assert s.fraction() == pytest.approx(0.4)
-    assert s.text() == ("pass 5/10, rows 1,000/pass, objective 0.412346, held-out 0.5, elapsed 0:40, "
+    assert s.text() == ("pass 4/10 done, rows 1,000/pass, objective 0.412346, held-out 0.5, elapsed 0:40, "
                         "ETA ≤ 1:00, attempt 2")
     done = Snapshot(passes=3, rows=10, done_pass=3, elapsed_s=3725.0)
-    assert done.text().startswith("pass 3/3") and "elapsed 1:02:05" in done.text()
+    assert done.text().startswith("pass 3/3 done") and "elapsed 1:02:05" in done.text()
     assert Snapshot(passes=3, rows=10).eta_s() is None
     assert bar(0.5, width=10) == "[#####-----]  50.0%"
 
@@ -72,7 +72,7 @@ def test_monitor_shows_pass1_heartbeats_then_passes_as_log_lines(tmp_path, caplo
     write_pass(d, _state(2, 0.75))
     snap = mon.poll()
     assert (snap.done_pass, snap.objective) == (2, 0.75)
-    assert "progress: pass 3/5, rows 1,000/pass, objective 0.75" in caplog.text
+    assert "progress: pass 2/5 done, rows 1,000/pass, objective 0.75" in caplog.text
     n = caplog.text.count("progress:")
     mon.poll()  # nothing new: no new log line
     assert caplog.text.count("progress:") == n
@@ -91,4 +91,4 @@ def test_monitor_draws_a_bar_in_place_on_a_terminal(tmp_path):
     text = out.getvalue()
     assert text.startswith("\r[") and text.endswith("\n") and "\n" not in text[:-1]
     last = text.rsplit("\r", 1)[1]
-    assert last.startswith("[########################] 100.0% pass 4/4") and "objective 0.125" in last
+    assert last.startswith("[########################] 100.0% pass 4/4 done") and "objective 0.125" in last

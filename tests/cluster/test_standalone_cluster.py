@@ -104,7 +104,7 @@ def test_killed_executor_is_retried_and_resumes_from_checkpoint(faulted, referen
     resumed = {r["resumed_from_pass"] for r in meta["per_rank"]}
     assert resumed and all(r is not None and r >= 2 for r in resumed), resumed
     assert {r["shard"] for r in meta["per_rank"]} == {0, 1}
-    assert "progress: pass 2/8" in log  # the driver's console progress
+    assert "progress: pass 2/8 done" in log  # the driver's console progress
     # the same run as an undisturbed one
     assert [h["pass"] for h in meta["history"]] == [h["pass"] for h in reference["history"]]
     assert meta["objective"] == pytest.approx(reference["objective"], rel=1e-6)
