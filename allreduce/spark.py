@@ -250,13 +250,12 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
     ``on_attempt(server, attempt)`` is called when an attempt's tree server is up (e.g. to
     show its pass-1 progress).
     """
-    preflight(spark, num_shards + spares, f"{num_shards} workers + {spares} spares", wait_s=net.startup_timeout_s)
     sc = spark.sparkContext
     host = server_host or sc.getConf().get("spark.driver.host", "127.0.0.1")
     attempts: list[dict] = []
     for attempt in range(max_attempts):
-        if attempt:  # a lost executor is being replaced: wait for its slots again
-            preflight(spark, num_shards + spares, f"{num_shards} workers + {spares} spares", wait_s=net.startup_timeout_s)
+        # every attempt: executors may still be registering, or replacing a lost one
+        preflight(spark, num_shards + spares, f"{num_shards} workers + {spares} spares", wait_s=net.startup_timeout_s)
         key = new_key()
         t0 = time.perf_counter()
         with TreeServer(num_shards, key, host=host, handshake_timeout_s=net.handshake_timeout_s,

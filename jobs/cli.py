@@ -136,6 +136,7 @@ def train_summary(meta: dict) -> str:
 
 def cmd_train(args) -> int:
     cfg = _warm_start(_resolve(args), args.init_model_if_exists)
+    _refuse_served_model(args.model, cfg.train.init_model)
     meta = train(cfg, args.input, args.model)
     print(f"trained {args.model}")
     print(train_summary(meta))
@@ -209,8 +210,9 @@ def cmd_demo(args) -> int:
 
 
 # --- published models: a pointer file names the model in service; gate and publish ----------
-# (issue 7: the Airflow DAG conf/airflow/terascale_daily.py runs train -> evaluate -> gate ->
-# publish). gate and publish read JSON and write one small file: they start no Spark session.
+# The Airflow DAG (conf/airflow/terascale_daily.py) runs train -> evaluate -> gate -> publish.
+# gate and publish read JSON and write one small file: they start no Spark session, so running
+# them through spark-submit stays cheap.
 
 
 def _model_path(path: str) -> str:
@@ -241,6 +243,16 @@ def _warm_start(cfg, optional: str | None):
     if not path:
         return cfg
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_model=_model_path(path)))
+
+
+def _refuse_served_model(model: str, init_model: str) -> None:
+    """A re-run must not overwrite the model it warm-starts from: when that is the published
+    model, it would be in service before any gate ran. Write each run to a new directory."""
+    from pipeline import fsutil
+
+    if init_model and fsutil.normalize(init_model).rstrip("/") == fsutil.normalize(model).rstrip("/"):
+        raise UsageError(f"--model {model} is the model training warm-starts from (train.init_model "
+                         f"or the published pointer): refusing to overwrite it; train into a new directory")
 
 
 def cmd_gate(args) -> int:
@@ -324,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_conf_args(c)
     c.set_defaults(fn=cmd_config)
 
-    # --- gate and publish (issue 7): no Spark session; see _model_path above
+    # --- gate and publish: no Spark session; see _model_path above
     gt = sub.add_parser("gate", help="fail (exit 1) when the new model's metrics regress against the published model's")
     gt.add_argument("--metrics", required=True, metavar="FILE", help="the new model's metrics (terascale evaluate --out)")
     gt.add_argument("--baseline", required=True, metavar="FILE",

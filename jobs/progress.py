@@ -126,7 +126,8 @@ class ProgressMonitor:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        self.poll()
+        if not self._thread.is_alive():  # one last look, never in place of the real outcome
+            self._safe_poll()
         if self.tty and self._last_text:
             self.stream.write("\n")
             self.stream.flush()
@@ -169,9 +170,12 @@ class ProgressMonitor:
             self._last_log = now
             log.info("progress: %s", text)
 
+    def _safe_poll(self) -> None:
+        try:
+            self.poll()
+        except Exception as exc:  # noqa: BLE001 - progress display must never kill training
+            log.debug("progress: %s", exc)
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            try:
-                self.poll()
-            except Exception as exc:  # noqa: BLE001 - progress display must never kill training
-                log.debug("progress: %s", exc)
+            self._safe_poll()

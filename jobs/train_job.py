@@ -72,7 +72,9 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     )
     log.info("train: %s solver, %d workers + %d spares, %d rows in %d files, 2^%d features",
              params.solver, t.workers, t.spares, manifest["rows"], len(manifest["files"]), spec["bits"])
-    train_rows = manifest["rows"] - (manifest["rows"] // task.holdout_period if task.holdout_period else 0)
+    # rows per pass: each shard holds out every holdout_period-th of its rows (CSRData.split_holdout)
+    period = task.holdout_period
+    train_rows = sum(n - (n // period if period else 0) for n in (sum(p.rows for p in s) for s in shards))
     try:
         with ProgressMonitor(ckpt, params.passes, train_rows, tty=_progress_tty(cfg)) as monitor:
             res = run_barrier(spark, t.workers, t.spares, lambda ctx: run_train_task(ctx, task),

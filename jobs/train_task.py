@@ -21,6 +21,8 @@ from pipeline.dataset import ShardPart, read_csr
 from solvers.api import train
 from solvers.params import SolverParams
 
+PROGRESS_EVERY_S = 2.0
+
 
 class InjectedFailure(RuntimeError):
     """Raised by the train.inject.fail_* chaos drill."""
@@ -96,6 +98,7 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
     comm = LazyCommunicator(ctx.shard, ctx.num_shards, ctx.join)
 
     last_saved = [time.monotonic()]
+    last_progress = [float("-inf")]
 
     def on_pass_end(state: dict) -> None:
         p = int(state["pass"])
@@ -116,8 +119,12 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
         elif comm.rank == 0 and due:
             checkpoint.save(spec.checkpoint_dir, p, state)
             last_saved[0] = time.monotonic()
-        if comm.rank == 0:
+        # the driver's progress display: at most every PROGRESS_EVERY_S (CoCoA rounds can take
+        # milliseconds, and on HDFS / S3 every write is a create and a rename), and the last pass
+        now = time.monotonic()
+        if comm.rank == 0 and (now - last_progress[0] >= PROGRESS_EVERY_S or state.get("stop_reason")):
             progress_file.write_pass(spec.checkpoint_dir, state)
+            last_progress[0] = now
 
     progress = _progress_hook(ctx, spec)
     with comm:

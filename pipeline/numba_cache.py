@@ -5,9 +5,12 @@ file. On a cluster terascale's code arrives per application (``--py-files`` zip,
 ``--archives`` environment unpacked into the application's work directory), so every path is
 new, every executor of every application recompiles every kernel (tens of seconds of CPU per
 executor), and stale caches pile up. :class:`StableLocator` keys the cache on the module's
-import name instead (``pipeline.hashing`` -> ``<root>/pipeline/hashing``) and on a hash of the
-module's source, read through its loader (files or zip archives alike): the same code finds the
-same cache in the next application on that node, and changed code misses it.
+import name instead (``pipeline.hashing`` -> ``<root>/pipeline/hashing``) and on one hash of
+the sources of every module of its top-level package, read through the package's resources
+(files or zip archives alike): the same code finds the same cache in the next application on
+that node, and any change to the package misses it. A package-wide hash, not the module's own:
+numba compiles the kernels a kernel calls into its cached code (``criteo_kernel`` embeds
+``hashing.murmur3_32``), so a change to a callee must invalidate its callers too.
 
 Enable it in a process before numba compiles anything (spark-submit jobs set it for their
 executors, see ``jobs.session``)::
@@ -21,9 +24,10 @@ writable). No pyspark here.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.resources
 import os
-import sys
 
 from numba.core.caching import _CacheLocator
 
@@ -35,24 +39,34 @@ def cache_root() -> str:
     return os.path.expanduser(os.environ.get("NUMBA_CACHE_DIR") or DEFAULT_ROOT)
 
 
-def _source(module) -> bytes | None:
-    loader = getattr(module, "__loader__", None)
-    path = getattr(module, "__file__", None)
-    if loader is None or path is None or not hasattr(loader, "get_data"):
-        return None
+@functools.cache
+def package_digest(top: str) -> str | None:
+    """sha256 over the relative path and bytes of every .py file of package ``top``."""
     try:
-        return loader.get_data(path)
-    except OSError:
+        root = importlib.resources.files(top)
+    except (ModuleNotFoundError, TypeError):
         return None
+    h = hashlib.sha256()
+    stack = [("", root)]
+    while stack:
+        prefix, node = stack.pop()
+        for child in sorted(node.iterdir(), key=lambda c: c.name):
+            rel = f"{prefix}/{child.name}"
+            if child.is_dir():
+                if child.name != "__pycache__":
+                    stack.append((rel, child))
+            elif child.name.endswith(".py"):
+                h.update(rel.encode() + b"\0" + child.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 class StableLocator(_CacheLocator):
     """Cache directory by module name, freshness by source content (see the module docstring)."""
 
-    def __init__(self, py_func, module_name: str, source: bytes) -> None:
+    def __init__(self, py_func, module_name: str, stamp: str) -> None:
         self._lineno = py_func.__code__.co_firstlineno
         self._cache_path = os.path.join(cache_root(), *module_name.split("."))
-        self._stamp = hashlib.sha256(source).hexdigest()
+        self._stamp = stamp
 
     def get_cache_path(self) -> str:
         return self._cache_path
@@ -65,14 +79,16 @@ class StableLocator(_CacheLocator):
 
     @classmethod
     def from_function(cls, py_func, py_file):
-        name = getattr(py_func, "__module__", None)
-        module = sys.modules.get(name or "")
-        if module is None or name == "__main__":
+        name = getattr(py_func, "__module__", None) or ""
+        if "." not in name:  # scripts and top-level modules: numba's own locators
             return None
-        source = _source(module)
-        if source is None:
+        try:
+            stamp = package_digest(name.split(".")[0])
+        except OSError:
             return None
-        self = cls(py_func, name, source)
+        if stamp is None:
+            return None
+        self = cls(py_func, name, stamp)
         try:
             self.ensure_cache_path()
         except OSError:

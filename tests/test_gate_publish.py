@@ -228,6 +228,19 @@ def test_init_model_given_twice_is_a_usage_error(tmp_path, capsys):
     assert "give either --init-model-if-exists or train.init_model, not both" in capsys.readouterr().err
 
 
+def test_a_rerun_cannot_overwrite_the_served_model(tmp_path, capsys):
+    m = make_model(tmp_path / "day1")
+    assert main(["publish", "--model", m, "--pointer", str(tmp_path / "current")]) == 0
+    before = (tmp_path / "day1" / "weights.npy").read_bytes()
+    rc = main(["train", "--input", str(tmp_path / "data"), "--model", m + "/",
+               "--init-model-if-exists", str(tmp_path / "current")])
+    assert rc == 2
+    assert f"--model {m}/ is the model training warm-starts from" in capsys.readouterr().err
+    assert (tmp_path / "day1" / "weights.npy").read_bytes() == before
+    rc = main(["train", "--input", str(tmp_path / "data"), "--model", m, "--set", f"train.init_model={m}"])
+    assert rc == 2
+
+
 # ------------------------------------------------------------- entry points as subprocesses
 
 

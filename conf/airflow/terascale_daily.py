@@ -58,7 +58,7 @@ def _value(v) -> str:
 
 
 def _sets(overrides: dict | None) -> list[str]:
-    return [a for k, v in (overrides or {}).items() for a in ("--set", f"{k}={_value(v)}")]
+    return [a for k, v in (overrides or {}).items() if v is not None for a in ("--set", f"{k}={_value(v)}")]
 
 
 def _inputs(paths) -> list[str]:
@@ -88,7 +88,7 @@ def submit_kwargs(cfg: dict, task_id: str) -> dict:
     over = dict((cfg.get("tasks") or {}).get(task_id) or {})
     conf = {**(kw.pop("conf", None) or {}), **(over.pop("conf", None) or {})}
     kw.update(over)
-    kw["conf"] = {k: _value(v) for k, v in conf.items()}
+    kw["conf"] = {k: _value(v) for k, v in conf.items() if v is not None}  # null: leave unset
     return kw
 
 

@@ -16,6 +16,8 @@ Gap pieces of the current point: ``P(w) = (1/N) sum c phi(x.w) + (lam/2)||w||^2`
 
 from __future__ import annotations
 
+import abc
+
 import numpy as np
 
 from allreduce.communicator import Communicator
@@ -36,7 +38,7 @@ from solvers.scd.losses import HINGE, LOGISTIC, SQUARED, loss_code
 from solvers.scd.params import CocoaParams
 
 
-class DualProblemBase:
+class DualProblemBase(abc.ABC):
     """The host side of dual CoCoA: the replicated w, the round's dw, objectives, gamma, model.
     Subclasses keep alpha and provide ``eval_pieces``, ``propose``, ``apply``, ``snapshot``,
     ``restore`` and the local sums ``_line_sums`` / ``_logistic_derivs``."""
@@ -106,11 +108,13 @@ class DualProblemBase:
                 f"w {shared.shape} vs {self.w.shape}"
             )
 
+    @abc.abstractmethod
     def _line_sums(self) -> tuple[float, float, float]:
-        raise NotImplementedError
+        """(p0, p1, gmax) of the line search over this rank's alpha and dalpha."""
 
+    @abc.abstractmethod
     def _logistic_derivs(self, gamma: float) -> tuple[float, float]:
-        raise NotImplementedError
+        """This rank's first and second derivative sums of the logistic line search at gamma."""
 
 
 class DualProblem(DualProblemBase):

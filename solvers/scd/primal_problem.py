@@ -15,6 +15,8 @@ The margin terms come from the replicated ``z`` (the same on every rank); only
 
 from __future__ import annotations
 
+import abc
+
 import numpy as np
 
 from allreduce.communicator import Communicator
@@ -27,7 +29,7 @@ from solvers.scd.partition import feature_block
 from solvers.scd.primal_kernels import dual_map_sq_norm, residual_direction_sums, residual_sums
 
 
-class PrimalProblemBase:
+class PrimalProblemBase(abc.ABC):
     """The host side of primal CoCoA: the column block, the replicated z, the round's dz,
     objectives, gamma, model. Subclasses keep beta_k and provide ``eval_pieces``, ``propose``,
     ``line_pieces``, ``apply``, ``snapshot``, ``restore`` and ``_local_beta``."""
@@ -79,8 +81,9 @@ class PrimalProblemBase:
                 f"z {shared.shape} vs {self.z.shape}"
             )
 
+    @abc.abstractmethod
     def _local_beta(self) -> np.ndarray:
-        raise NotImplementedError
+        """This rank's block of beta, on the host."""
 
 
 class PrimalProblem(PrimalProblemBase):

@@ -51,8 +51,12 @@ class StandaloneCluster:
     def _spawn(self, name: str, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
         env = _base_env(self.dir) | (extra_env or {})
         log = open(self.dir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        p = subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], env=env, stdout=log,
-                             stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            p = subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], env=env, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        except BaseException:
+            log.close()
+            raise
         p.log = log  # type: ignore[attr-defined]
         self.procs.append(p)
         return p
@@ -115,6 +119,10 @@ class StandaloneCluster:
         return sorted(pids)
 
     def stop(self) -> None:
+        try:  # the executors of this cluster's workers, while the master can still say which
+            orphans = self.executor_pids()
+        except OSError:
+            orphans = []
         for p in reversed(self.procs):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)
@@ -125,15 +133,12 @@ class StandaloneCluster:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
             p.log.close()
-        for pid in self._orphans():
-            os.kill(pid, signal.SIGKILL)
+        for pid in orphans:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # the worker took it down already
         self.procs = []
-
-    def _orphans(self) -> list[int]:
-        try:
-            return self.executor_pids()
-        except OSError:
-            return []
 
 
 class Dist:
@@ -179,7 +184,12 @@ def spark_submit(cluster: StandaloneCluster, dist: Dist, job: str, args: list[st
     cmd += [dist.entry(job), *args]
     env = _base_env(cluster.dir)
     log = open(log_path, "wb")  # noqa: SIM115 - closed by wait()
-    p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=cluster.dir)
+    try:  # its own process group: a timeout takes down the Python driver it starts as well
+        p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=cluster.dir,
+                             start_new_session=True)
+    except BaseException:
+        log.close()
+        raise
     p.log = log  # type: ignore[attr-defined]
     p.timeout_s = timeout_s  # type: ignore[attr-defined]
     return p
@@ -189,7 +199,7 @@ def wait(p: subprocess.Popen) -> tuple[int, str]:
     try:
         rc = p.wait(timeout=p.timeout_s)  # type: ignore[attr-defined]
     except subprocess.TimeoutExpired:
-        p.kill()
+        os.killpg(p.pid, signal.SIGKILL)
         rc = p.wait()
     p.log.close()  # type: ignore[attr-defined]
     return rc, Path(p.log.name).read_text(errors="replace")  # type: ignore[attr-defined]

@@ -67,7 +67,7 @@ def reference(site, featurized, spark, tmp_path_factory) -> dict:
     from jobs.config import load_config
     from jobs.train_job import run_train
 
-    sets = [a for a in TRAIN if a != "--set"] + ["spark.master=local[2]"]
+    sets = [a for a in TRAIN if a != "--set"]
     return run_train(spark, load_config(sets=sets), str(featurized), str(tmp_path_factory.mktemp("ref") / "m"))
 
 
