@@ -48,13 +48,9 @@ def _resolve(args) -> object:
 
 
 def _spec(cfg):
-    from pipeline.spec import FeatureSpec
+    from jobs.config import feature_spec
 
-    f = cfg.featurize
-    return FeatureSpec(
-        format=f.format, bits=f.bits, seed=f.seed, fields=tuple(f.fields), int_bucketing=f.int_bucketing,
-        conjunctions=tuple(tuple(p) for p in f.conjunctions), libsvm_index_base=f.libsvm_index_base,
-    )
+    return feature_spec(cfg)
 
 
 # ---------------------------------------------------------------------------------------------

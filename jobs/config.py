@@ -428,6 +428,17 @@ def _owner_field(key: str) -> tuple[Any, dataclasses.Field]:
     raise _unknown(key)
 
 
+def feature_spec(cfg: Config):
+    """The ``pipeline.spec.FeatureSpec`` the ``featurize`` section describes."""
+    from pipeline.spec import FeatureSpec
+
+    f = cfg.featurize
+    return FeatureSpec(
+        format=f.format, bits=f.bits, seed=f.seed, fields=tuple(f.fields), int_bucketing=f.int_bucketing,
+        conjunctions=tuple(tuple(p) for p in f.conjunctions), libsvm_index_base=f.libsvm_index_base,
+    )
+
+
 def load_config(conf_files: list[str | Path] = (), sets: list[str] = ()) -> Config:
     """Resolve defaults <- conf files <- --set overrides, then validate. Raises ConfigError."""
     values: dict[str, Any] = {}

@@ -22,6 +22,7 @@ from urllib.request import url2pathname
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from jobs.config import ConfigError, feature_spec, load_config
 from pipeline import fsutil
 from pipeline.manifest import MANIFEST, DatasetError, build_manifest, read_manifest
 from pipeline.modeldir import ModelError, same_spec
@@ -65,7 +66,9 @@ def is_plain_read(spark, df, directory: str, manifest: dict) -> bool:
 
 
 def parse_spec(text: str) -> dict:
-    """A feature spec from JSON: any keys of FeatureSpec; the others take FeatureSpec's defaults."""
+    """A feature spec from JSON: keys of the featurize section's spec (format, bits, seed, fields,
+    int_bucketing, conjunctions, libsvm_index_base), validated by the configuration schema; the
+    others take the featurize defaults, as ``terascale featurize`` would."""
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:
@@ -73,10 +76,11 @@ def parse_spec(text: str) -> dict:
     known = set(FeatureSpec.__dataclass_fields__)
     if not isinstance(d, dict) or set(d) - known - {"spec_version", "index"}:
         raise ValueError(f"featureSpec = {text!r}: must be a JSON object with keys from {sorted(known)}")
-    d = {k: v for k, v in d.items() if k in known}
-    d["fields"] = tuple(d.get("fields", ()))
-    d["conjunctions"] = tuple(tuple(p) for p in d.get("conjunctions", ()))
-    return FeatureSpec(**d).to_json()
+    sets = [f"featurize.{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in d.items() if k in known]
+    try:
+        return feature_spec(load_config(sets=sets)).to_json()
+    except ConfigError as e:
+        raise ValueError(f"featureSpec = {text!r}: {e}") from None
 
 
 def dataframe_spec(df, spec_json: str) -> dict:

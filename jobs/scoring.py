@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from pipeline import fsutil, modeldir
 from pipeline.dataset import ShardPart, plan_shards, read_csr
 from pipeline.manifest import MANIFEST, read_manifest
+from pipeline.pointer import resolve_model
 
 log = logging.getLogger("terascale.scoring")
 _MODEL_CACHE: dict[str, tuple[np.ndarray, float, str]] = {}
@@ -58,8 +59,11 @@ def _groups(spark, data_dir: str, manifest: dict) -> list[list[ShardPart]]:
 
 
 def evaluate(spark, data_dir: str, model_dir: str) -> dict:
-    """Metrics of the model on a featurized dataset (logistic models: probabilities)."""
+    """Metrics of the model (a directory, or a pointer to one) on a featurized dataset
+    (logistic models: probabilities)."""
     from solvers.metrics import BinaryMetrics
+
+    model_dir = resolve_model(model_dir)
 
     t0 = time.perf_counter()
     m, meta = _check(data_dir, model_dir)
@@ -93,8 +97,10 @@ def evaluate(spark, data_dir: str, model_dir: str) -> dict:
 
 
 def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, ...]) -> dict:
-    """Write Parquet with ``probability`` (logistic) or ``score`` plus the ``keep`` columns."""
+    """Write Parquet with ``probability`` (logistic) or ``score`` plus the ``keep`` columns
+    (the model: a directory, or a pointer to one)."""
     t0 = time.perf_counter()
+    model_dir = resolve_model(model_dir)
     bad = [c for c in keep if c not in KEEPABLE]
     if bad:
         raise ValueError(f"predict.keep_columns: {bad} are not columns of a dataset; allowed: {list(KEEPABLE)}")

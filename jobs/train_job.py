@@ -19,6 +19,7 @@ from jobs.train_task import Inject, TaskSpec, run_train_task
 from pipeline import fsutil, modeldir
 from pipeline.dataset import plan_shards
 from pipeline.manifest import read_manifest
+from pipeline.pointer import resolve_model
 from solvers.params import SolverParams
 
 log = logging.getLogger("terascale.train")
@@ -51,8 +52,9 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     manifest = read_manifest(data_dir)
     spec = manifest["spec"]
     t = cfg.train
-    if t.init_model:
-        init_meta = modeldir.load_metadata(t.init_model)
+    init_model = resolve_model(t.init_model) if t.init_model else ""  # once: a pointer may move
+    if init_model:
+        init_meta = modeldir.load_metadata(init_model)
         diff = modeldir.same_spec(init_meta["spec"], spec)
         if diff:
             detail = ", ".join(f"{k}: model {init_meta['spec'].get(k)!r} vs data {spec.get(k)!r}" for k in diff)
@@ -68,7 +70,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
         # CoCoA stops on the duality gap and uses no held-out rows: train on all of them
         holdout_period=0 if params.solver == "cocoa" else t.holdout_period, checkpoint_dir=ckpt, checkpoint_interval_s=t.checkpoint_interval_s,
         staging_dir=staging,
-        inject=Inject(**dataclasses.asdict(t.inject)), init_weights=t.init_model,
+        inject=Inject(**dataclasses.asdict(t.inject)), init_weights=init_model,
     )
     log.info("train: %s solver, %d workers + %d spares, %d rows in %d files, 2^%d features",
              params.solver, t.workers, t.spares, manifest["rows"], len(manifest["files"]), spec["bits"])

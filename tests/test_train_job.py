@@ -156,6 +156,12 @@ def test_report_of_a_real_run(spark, data, tmp_path):
                      str(tmp_path / "m"))
     metrics = evaluate(spark, str(data / "te"), str(tmp_path / "m"))
     (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    # a published pointer serves wherever a model directory does
+    from pipeline.pointer import publish
+
+    publish(str(tmp_path / "m"), str(tmp_path / "current"))
+    via = evaluate(spark, str(data / "te"), str(tmp_path / "current"))
+    assert via["model"] == metrics["model"] and via["logloss"] == metrics["logloss"]
     assert cli(["report", str(tmp_path / "m"), "--eval", str(tmp_path / "metrics.json"), "--out", str(tmp_path / "r")]) == 0
     names = ["objective_by_pass", "objective_by_time", "rank_timings", "roc", "precision_recall", "calibration"]
     for n in names:
