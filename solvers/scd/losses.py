@@ -111,26 +111,41 @@ def dual_value(loss, y, a):
 
 @njit(cache=True, nogil=True)
 def _logistic_b(b, m, q):
-    """argmax over b' of entropy(b') - (b' - b) m - q (b' - b)^2 / 2, by bracketed Newton in logit space."""
+    """argmax over b' of entropy(b') - (b' - b) m - q (b' - b)^2 / 2, solved in logit space.
+
+    The stationarity condition g(t) = -t - m - q (sigmoid(t) - b) = 0 is decreasing in t with
+    its root inside [lo, hi]. Safeguarded Newton (rtsafe): a Newton step is taken only when it
+    stays inside the bracket and shrinks |g| fast enough, else the bracket is bisected. Plain
+    Newton oscillates between the bracket's ends when q is large (the sigmoid's curvature
+    changes by orders of magnitude across the bracket) and stops anywhere after the iteration
+    cap, which stalls SDCA far from the optimum."""
     lo = -m - q * (1.0 - b)
     hi = -m + q * b
-    t = math.log(b) - math.log1p(-b)  # warm start at the current point
-    if not (lo < t < hi):
-        t = 0.5 * (lo + hi)
     if hi - lo <= 0.0:  # q = 0: the root is -m exactly
         t = -m
     else:
+        t = math.log(b) - math.log1p(-b)  # warm start at the current point
+        if not (lo < t < hi):
+            t = 0.5 * (lo + hi)
+        step_old = hi - lo
+        step = step_old
         for _ in range(_NEWTON_MAX_ITER):
             p = sigmoid(t)
             g = -t - m - q * (p - b)
+            if g == 0.0:
+                break
             if g > 0.0:
                 lo = t
             else:
                 hi = t
-            nt = t - g / (-1.0 - q * p * (1.0 - p))
-            if not (lo < nt < hi):
-                nt = 0.5 * (lo + hi)
-            if abs(nt - t) <= _NEWTON_TOL * (1.0 + abs(t)):
+            dg = -1.0 - q * p * (1.0 - p)
+            nt = t - g / dg
+            if not (lo < nt < hi) or abs(2.0 * g) > abs(step_old * dg):
+                nt = 0.5 * (lo + hi)  # bisect: Newton would leave the bracket or is too slow
+                step_old, step = step, nt - t
+            else:
+                step_old, step = step, nt - t
+            if abs(nt - t) <= _NEWTON_TOL * (1.0 + abs(t)) or hi - lo <= _NEWTON_TOL * (1.0 + abs(t)):
                 t = nt
                 break
             t = nt

@@ -60,6 +60,21 @@ def test_dual_step_is_the_exact_maximiser(loss):
             assert got == pytest.approx(want, abs=1e-5)
 
 
+@pytest.mark.parametrize("b, m, q", [
+    (0.003569598219524153, -6.127768166301095, 11.87711059646716),  # plain Newton oscillated here
+    (0.9, 7.5, 40.0),
+    (0.5, 0.0, 1e4),
+])
+def test_logistic_step_solves_its_stationarity_condition_at_large_q(b, m, q):
+    """The logistic step's root t of -t - m - q (sigmoid(t) - b) = 0, also where Newton's
+    iterates jump between the bracket's ends (large q): it must be found, not the 50th iterate."""
+    new = dual_step(LOGISTIC, 1.0, b, m, q)  # y = 1: b = a, m = dot
+    t = math.log(new) - math.log1p(-new)
+    assert abs(-t - m - q * (new - b)) <= 1e-9 * (1.0 + abs(t) + q)
+    want = _brute_step(LOGISTIC, 1.0, b, m, q)
+    assert new == pytest.approx(want, abs=1e-6)
+
+
 def test_logistic_step_stays_strictly_inside_the_domain():
     for dot in (-800.0, -40.0, 0.0, 40.0, 800.0):
         for a in (0.0, B_EPS, 0.5, 1.0 - B_EPS, 1.0):
