@@ -139,7 +139,8 @@ class _GpuLocalSolver(abc.ABC):
     def _reduce(self, kernel, grid: int, threads: int, args: tuple, n_sum: int) -> np.ndarray:
         """Launch ``kernel(*args, part)`` on ``grid`` blocks, combine the rows in block order
         (columns < n_sum summed, the others minimised) -> the scalars (a host copy)."""
-        self.dev.launch(kernel, grid, threads, *args, self.part)
+        self.dev.launch(kernel, grid, threads, *args, self.part,
+                        shared=self.gk.shared_bytes(threads))
         self.dev.launch(self.rk.finish_partials, 1, _REDUCE_COLUMNS, self.part, grid, n_sum,
                         self.out)
         self.dev.download(self.out, self.h_out)
@@ -181,9 +182,10 @@ class GpuDualLocalSolver(_GpuLocalSolver):
 
     def _epoch(self, sigma: float) -> None:
         self.dev.launch(
-            self.gk.tpa_dual_epoch, self.blocks, self.tpb, self.indptr, self.indices, self.values, self.labels, self.weights, self.sqn, self.x,
-            self.u, self.order, self.loss, sigma / self.lam_n, self.bias_scale,
-            self.bias_index)
+            self.gk.tpa_dual_epoch, self.blocks, self.tpb, self.indptr, self.indices, self.values,
+            self.labels, self.weights, self.sqn, self.x, self.u, self.order, self.loss,
+            sigma / self.lam_n, self.bias_scale, self.bias_index,
+            shared=self.gk.shared_bytes(self.tpb))
 
     def _commit(self, grid: int, threads: int, gamma: float) -> None:
         self.dev.launch(self.rk.commit_dual_kernel, grid, threads, self.loss, self.labels, self.x,
@@ -240,8 +242,9 @@ class GpuPrimalLocalSolver(_GpuLocalSolver):
 
     def _epoch(self, sigma: float) -> None:
         self.dev.launch(
-            self.gk.tpa_primal_epoch, self.blocks, self.tpb, self.colptr, self.rows, self.vals, self.labels, self.weights, self.csq, self.x,
-            self.u, self.order, self.lam_n, float(sigma))
+            self.gk.tpa_primal_epoch, self.blocks, self.tpb, self.colptr, self.rows, self.vals,
+            self.labels, self.weights, self.csq, self.x, self.u, self.order, self.lam_n,
+            float(sigma), shared=self.gk.shared_bytes(self.tpb))
 
     def _commit(self, grid: int, threads: int, gamma: float) -> None:
         self.dev.launch(self.rk.commit_primal_kernel, grid, threads, self.x, self.x0, gamma,

@@ -163,14 +163,15 @@ class Device:
         else:
             dst.copy_to_device(src)
 
-    def launch(self, kernel, grid: int, threads: int, *args) -> None:
-        """``kernel[grid, threads](*args)``; under the simulator one launch at a time in the
-        process (it cannot run two kernels concurrently, e.g. K ranks in threads)."""
+    def launch(self, kernel, grid: int, threads: int, *args, shared: int = 0) -> None:
+        """``kernel[grid, threads, 0, shared](*args)`` (``shared``: bytes of dynamic shared
+        memory per block); under the simulator one launch at a time in the process (it cannot
+        run two kernels concurrently, e.g. K ranks in threads)."""
         if self.cp is None and simulator_enabled():
             with _SIMULATOR_LOCK:
-                kernel[grid, threads](*args)
+                kernel[grid, threads, 0, shared](*args)
         else:
-            kernel[grid, threads](*args)
+            kernel[grid, threads, 0, shared](*args)
 
     def synchronize(self) -> None:
         if self.cp is not None:

@@ -6,7 +6,8 @@ blocks run concurrently on the SMs without any locking. Inside a block:
 
 1. the block's threads split the coordinate's inner product (a row of the CSR matrix for the
    dual, a column of the CSC matrix for the primal) and reduce it in shared memory
-   (``blockDim.x`` must be a power of two, at most ``MAX_THREADS``);
+   (``blockDim.x`` must be a power of two, at most ``MAX_THREADS``; the shared memory is
+   dynamic, ``shared_bytes(blockDim.x)`` bytes given at launch, see ``shared_bytes``);
 2. thread 0 computes the coordinate update with the same math as the CPU kernels
    (``losses.dual_step`` / ``primal_kernels._step_col``, re-implemented here as device
    functions) and writes the local variable;
@@ -35,10 +36,26 @@ SQUARED = 0
 LOGISTIC = 1
 HINGE = 2
 
-MAX_THREADS = 256  # shared-memory reduction buffer; blockDim.x must be a power of two <= this
+MAX_THREADS = 256  # blockDim.x must be a power of two <= this
 B_EPS = 1e-15
 _NEWTON_MAX_ITER = 50
 _NEWTON_TOL = 1e-13
+
+
+def shared_bytes(threads: int) -> int:
+    """Dynamic shared memory of a launch of a kernel here or in ``gpu_reduce_kernels`` with
+    ``threads`` threads per block: ``threads + 1`` float64s (the reduction buffer, then one slot
+    for the coordinate step a block broadcasts).
+
+    Dynamic (``cuda.shared.array(0, ...)``, sized at launch) rather than static on purpose: the
+    CUDA simulator allocates a static shared array lazily, when the first thread of a block
+    reaches its line, with an unlocked look-up-then-insert, so two threads of one block can each
+    get a private array (a reduction then adds uninitialised memory: wrong sums at random,
+    more often while other Python threads, e.g. other ranks, compete for the GIL). It allocates
+    the dynamic buffer once per launch, before any thread starts. On a device this sizes the
+    buffer to the block instead of ``MAX_THREADS``.
+    """
+    return 8 * (int(threads) + 1)
 
 
 # -- device functions: the coordinate step (same math as solvers.scd.losses) -------------------
@@ -54,7 +71,9 @@ def _sigmoid(t):
 
 @cuda.jit(device=True)
 def _logistic_b(b, m, q):
-    """argmax_b' entropy(b') - (b' - b) m - q (b' - b)^2 / 2: bracketed Newton in logit space."""
+    """argmax_b' entropy(b') - (b' - b) m - q (b' - b)^2 / 2: safeguarded Newton in logit space
+    (bisect when a Newton step leaves the bracket or does not shrink |g| fast enough), the
+    device twin of ``losses._logistic_b``."""
     lo = -m - q * (1.0 - b)
     hi = -m + q * b
     t = 0.5 * (lo + hi)
@@ -65,17 +84,24 @@ def _logistic_b(b, m, q):
     if hi - lo <= 0.0:
         t = -m
     else:
+        step_old = hi - lo
+        step = step_old
         for _ in range(_NEWTON_MAX_ITER):
             p = _sigmoid(t)
             g = -t - m - q * (p - b)
+            if g == 0.0:
+                break
             if g > 0.0:
                 lo = t
             else:
                 hi = t
-            nt = t - g / (-1.0 - q * p * (1.0 - p))
-            if not (lo < nt < hi):
+            dg = -1.0 - q * p * (1.0 - p)
+            nt = t - g / dg
+            if not (lo < nt < hi) or abs(2.0 * g) > abs(step_old * dg):
                 nt = 0.5 * (lo + hi)
-            if abs(nt - t) <= _NEWTON_TOL * (1.0 + abs(t)):
+            step_old = step
+            step = nt - t
+            if abs(nt - t) <= _NEWTON_TOL * (1.0 + abs(t)) or hi - lo <= _NEWTON_TOL * (1.0 + abs(t)):
                 t = nt
                 break
             t = nt
@@ -153,8 +179,7 @@ def col_sq_norms_kernel(colptr, rows, vals, weights, out):
 def tpa_dual_epoch(indptr, indices, values, labels, weights, sqn, alpha, u, order, loss, scale,
                    bias_scale, bias_index):
     """One TPA-SCD epoch of SDCA over the rows in ``order`` (see the module docstring)."""
-    buf = cuda.shared.array(MAX_THREADS, float64)
-    coef_sh = cuda.shared.array(1, float64)
+    buf = cuda.shared.array(0, float64)  # dynamic: nthr sums, then buf[nthr] = the step
     tid = cuda.threadIdx.x
     nthr = cuda.blockDim.x
     for t in range(cuda.blockIdx.x, order.shape[0], cuda.gridDim.x):
@@ -176,20 +201,19 @@ def tpa_dual_epoch(indptr, indices, values, labels, weights, sqn, alpha, u, orde
                 coef = scale * c * (a_new - a)
                 if bias_scale != 0.0:
                     cuda.atomic.add(u, bias_index, coef * bias_scale)
-            coef_sh[0] = coef
+            buf[nthr] = coef
         cuda.syncthreads()
-        coef = coef_sh[0]
+        coef = buf[nthr]
         if coef != 0.0:
             for k in range(start + tid, stop, nthr):
                 cuda.atomic.add(u, indices[k], coef * float64(values[k]))
-        cuda.syncthreads()  # coef_sh is rewritten by the next coordinate
+        cuda.syncthreads()  # buf[nthr] is rewritten by the next coordinate
 
 
 @cuda.jit
 def tpa_primal_epoch(colptr, rows, vals, labels, weights, csq, beta, u, order, lam_n, sigma):
     """One TPA-SCD epoch of primal ridge SCD over the local columns in ``order``."""
-    buf = cuda.shared.array(MAX_THREADS, float64)
-    coef_sh = cuda.shared.array(1, float64)
+    buf = cuda.shared.array(0, float64)  # dynamic: nthr sums, then buf[nthr] = the step
     tid = cuda.threadIdx.x
     nthr = cuda.blockDim.x
     for t in range(cuda.blockIdx.x, order.shape[0], cuda.gridDim.x):
@@ -207,9 +231,9 @@ def tpa_primal_epoch(colptr, rows, vals, labels, weights, csq, beta, u, order, l
             if delta != 0.0:
                 beta[j] += delta
                 coef = sigma * delta
-            coef_sh[0] = coef
+            buf[nthr] = coef
         cuda.syncthreads()
-        coef = coef_sh[0]
+        coef = buf[nthr]
         if coef != 0.0:
             for k in range(start + tid, stop, nthr):
                 cuda.atomic.add(u, rows[k], coef * float64(vals[k]))

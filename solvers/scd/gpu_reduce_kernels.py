@@ -16,7 +16,8 @@ accumulation):
 =========================  =============================================================
 
 A reduction is two launches: every block accumulates its grid-stride share, reduces it across
-its threads in shared memory and writes one row of ``part`` (blocks x columns); then
+its threads in (dynamic) shared memory -- launch with ``gpu_kernels.shared_bytes(threads)``
+bytes of it -- and writes one row of ``part`` (blocks x columns); then
 ``finish_partials`` adds the rows (or takes their minimum) in block order. The grid is a
 function of the problem size only (``gpu_device.launch_shape`` / ``coord_grid``) and nothing is
 atomic, so a reduction returns the same bytes every time on the same device; the result differs
@@ -30,7 +31,7 @@ import math
 
 from numba import cuda, float64
 
-from solvers.scd.gpu_kernels import B_EPS, HINGE, LOGISTIC, MAX_THREADS, SQUARED
+from solvers.scd.gpu_kernels import B_EPS, HINGE, LOGISTIC, SQUARED
 
 INF = math.inf
 
@@ -120,7 +121,7 @@ def _block_min(buf, tid, val):
 def dual_eval_partials(indptr, indices, values, labels, weights, alpha, w, n, loss, bias_scale,
                        bias_index, part):
     """part[b] = (sum c phi(x_i . w), sum c h(alpha_i)) over block b's rows (a row per block)."""
-    buf = cuda.shared.array(MAX_THREADS, float64)
+    buf = cuda.shared.array(0, float64)  # dynamic, gpu_kernels.shared_bytes(blockDim.x)
     tid = cuda.threadIdx.x
     nthr = cuda.blockDim.x
     wb = bias_scale * w[bias_index]
@@ -143,7 +144,7 @@ def dual_eval_partials(indptr, indices, values, labels, weights, alpha, w, n, lo
 @cuda.jit
 def dual_line_partials(loss, labels, weights, x, x0, n, part):
     """part[b] = (p0, p1, gamma_max) of ``dual_line_sums`` over block b's share, dalpha = x - x0."""
-    buf = cuda.shared.array(MAX_THREADS, float64)
+    buf = cuda.shared.array(0, float64)  # dynamic, gpu_kernels.shared_bytes(blockDim.x)
     tid = cuda.threadIdx.x
     p0 = 0.0
     p1 = 0.0
@@ -177,7 +178,7 @@ def dual_line_partials(loss, labels, weights, x, x0, n, part):
 @cuda.jit
 def logistic_partials(labels, weights, x, x0, n, gamma, part):
     """part[b] = (sum c db log((1-b)/b), sum c db^2 / (b (1-b))) at b = s (alpha + gamma dalpha)."""
-    buf = cuda.shared.array(MAX_THREADS, float64)
+    buf = cuda.shared.array(0, float64)  # dynamic, gpu_kernels.shared_bytes(blockDim.x)
     tid = cuda.threadIdx.x
     s1 = 0.0
     s2 = 0.0
@@ -202,7 +203,7 @@ def logistic_partials(labels, weights, x, x0, n, gamma, part):
 @cuda.jit
 def primal_eval_partials(colptr, rows, vals, labels, weights, beta, z, m, part):
     """part[b] = (sum beta_j^2, sum (sum_i c_i x_ij (y_i - z_i))^2) over block b's columns."""
-    buf = cuda.shared.array(MAX_THREADS, float64)
+    buf = cuda.shared.array(0, float64)  # dynamic, gpu_kernels.shared_bytes(blockDim.x)
     tid = cuda.threadIdx.x
     nthr = cuda.blockDim.x
     beta_sq = 0.0
@@ -223,7 +224,7 @@ def primal_eval_partials(colptr, rows, vals, labels, weights, beta, z, m, part):
 @cuda.jit
 def primal_line_partials(x, x0, m, part):
     """part[b] = (sum beta dbeta, sum dbeta^2) over block b's share, dbeta = x - x0."""
-    buf = cuda.shared.array(MAX_THREADS, float64)
+    buf = cuda.shared.array(0, float64)  # dynamic, gpu_kernels.shared_bytes(blockDim.x)
     tid = cuda.threadIdx.x
     bd = 0.0
     dd = 0.0

@@ -66,8 +66,8 @@ def _one_epoch_matches(loss: str) -> float:
         order = np.random.default_rng(e).permutation(d.n_rows)
         dual_epoch(d.indptr, d.indices, d.values, d.labels, d.weights, sqn, alpha, u, order, code,
                    scale, 1.0, d.n_features)
-        gk.tpa_dual_epoch[d.n_rows, 4](*dev, d_alpha, d_u, cuda.to_device(order), code, scale,
-                                       1.0, d.n_features)
+        gk.tpa_dual_epoch[d.n_rows, 4, 0, gk.shared_bytes(4)](
+            *dev, d_alpha, d_u, cuda.to_device(order), code, scale, 1.0, d.n_features)
         worst = max(worst, float(np.abs(d_alpha.copy_to_host() - alpha).max()),
                     float(np.abs(d_u.copy_to_host() - u).max()))
     return worst
@@ -94,7 +94,8 @@ def _primal_epoch_matches() -> float:
     for e in range(2):
         order = np.random.default_rng(e).permutation(m)
         primal_epoch(b.colptr, b.rows, b.vals, b.labels, b.weights, csq, beta, u, order, lam_n, 1.0)
-        gk.tpa_primal_epoch[m, 4](*dev, d_beta, d_u, cuda.to_device(order), lam_n, 1.0)
+        gk.tpa_primal_epoch[m, 4, 0, gk.shared_bytes(4)](*dev, d_beta, d_u, cuda.to_device(order),
+                                                         lam_n, 1.0)
         worst = max(worst, float(np.abs(d_beta.copy_to_host() - beta).max()),
                     float(np.abs(d_u.copy_to_host() - u).max()))
     return worst
