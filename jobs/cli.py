@@ -279,6 +279,8 @@ def cmd_publish(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from jobs.quality_gate import MARGINS, METRICS
+
     p = argparse.ArgumentParser(prog="terascale", description="Large-scale linear learning for click logs on Spark.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -337,9 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     gt.add_argument("--metrics", required=True, metavar="FILE", help="the new model's metrics (terascale evaluate --out)")
     gt.add_argument("--baseline", required=True, metavar="FILE",
                     help="the published model's pointer (its recorded metrics) or a metrics file; missing = nothing published yet: pass")
-    gt.add_argument("--metric", choices=("logloss", "normalized_entropy"), default="logloss", help="lower is better (default logloss)")
+    gt.add_argument("--metric", choices=METRICS, default="logloss", help="lower is better (default logloss)")
     gt.add_argument("--max-regression", type=float, default=0.01, metavar="X", help="allowed increase (default 0.01)")
-    gt.add_argument("--margin", choices=("relative", "absolute"), default="relative",
+    gt.add_argument("--margin", choices=MARGINS, default="relative",
                     help="relative: new <= baseline * (1 + X) (default); absolute: new <= baseline + X")
     gt.set_defaults(fn=cmd_gate)
 

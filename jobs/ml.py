@@ -26,6 +26,7 @@ import tempfile
 import time
 import uuid
 
+import numpy as np
 import pyarrow as pa
 import pyspark
 from pyspark.ml import Estimator, Model
@@ -112,8 +113,8 @@ class TerascaleClassifier(Estimator, SchemaParams, _OutputParams, DefaultParamsR
             if plain_cols:
                 return path
             dataset = spark.read.parquet(path)
-        spec = dataframe_spec(dataset, spec_json)
         src = source_dataset(dataset)
+        spec = dataframe_spec(src, spec_json)
         if plain_cols and src is not None and is_plain_read(spark, dataset, *src):
             log.info("fit: the DataFrame is the dataset %s; training on it in place", src[0])
             return src[0]
@@ -166,7 +167,7 @@ def _score_udf(bc, n_features: int, logistic: bool):
             indices = indices.cast(pa.list_(pa.int32()))  # a safe cast: out-of-range values raise
         if values.type != pa.list_(pa.float32()):
             values = values.cast(pa.list_(pa.float32()))
-        table = pa.table({"label": pa.array([0.0] * n, pa.float32()), "indices": indices, "values": values})
+        table = pa.table({"label": pa.array(np.zeros(n, np.float32)), "indices": indices, "values": values})
         csr = tables_to_csr([table], n_features)
         problem = find_problem(csr, Shard.from_csr(csr), "transform", "squared")
         if problem is not None:

@@ -83,10 +83,10 @@ def parse_spec(text: str) -> dict:
         raise ValueError(f"featureSpec = {text!r}: {e}") from None
 
 
-def dataframe_spec(df, spec_json: str) -> dict:
-    """The feature spec of a DataFrame: the featureSpec param and/or its source dataset's."""
+def dataframe_spec(src: tuple[str, dict] | None, spec_json: str) -> dict:
+    """The feature spec of a DataFrame: the featureSpec param and/or the spec of its source
+    dataset ``src`` (``source_dataset(df)``: (directory, manifest), or None)."""
     given = parse_spec(spec_json) if spec_json else None
-    src = source_dataset(df)
     if given is not None and src is not None:
         diff = same_spec(given, src[1]["spec"])
         if diff:

@@ -133,9 +133,6 @@ class _GpuLocalSolver(abc.ABC):
     def traffic(self) -> dict[str, int]:
         return self.dev.traffic()
 
-    def synchronize(self) -> None:
-        self.dev.synchronize()
-
     def _reduce(self, kernel, grid: int, threads: int, args: tuple, n_sum: int) -> np.ndarray:
         """Launch ``kernel(*args, part)`` on ``grid`` blocks, combine the rows in block order
         (columns < n_sum summed, the others minimised) -> the scalars (a host copy)."""
