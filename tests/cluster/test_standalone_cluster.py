@@ -104,7 +104,8 @@ def test_killed_executor_is_retried_and_resumes_from_checkpoint(faulted, referen
     resumed = {r["resumed_from_pass"] for r in meta["per_rank"]}
     assert resumed and all(r is not None and r >= 2 for r in resumed), resumed
     assert {r["shard"] for r in meta["per_rank"]} == {0, 1}
-    assert "progress: pass 2/8 done" in log  # the driver's console progress
+    # the driver's console progress (which passes it shows depends on when it polls)
+    assert re.search(r"progress: pass [1-8]/8 done, rows [\d,]+/pass", log), log[-3000:]
     # the same run as an undisturbed one
     assert [h["pass"] for h in meta["history"]] == [h["pass"] for h in reference["history"]]
     assert meta["objective"] == pytest.approx(reference["objective"], rel=1e-6)
