@@ -39,7 +39,7 @@ HINGE = 2
 MAX_THREADS = 256  # blockDim.x must be a power of two <= this
 B_EPS = 1e-15
 _NEWTON_MAX_ITER = 50
-_NEWTON_TOL = 1e-13
+_NEWTON_TOL = 1e-11
 
 
 def shared_bytes(threads: int) -> int:
@@ -71,40 +71,38 @@ def _sigmoid(t):
 
 @cuda.jit(device=True)
 def _logistic_b(b, m, q):
-    """argmax_b' entropy(b') - (b' - b) m - q (b' - b)^2 / 2: safeguarded Newton in logit space
-    (bisect when a Newton step leaves the bracket or does not shrink |g| fast enough), the
-    device twin of ``losses._logistic_b``."""
+    """argmax_b' entropy(b') - (b' - b) m - q (b' - b)^2 / 2: Newton in logit space kept on the
+    root's side of 0, where g is convex or concave (see ``losses._logistic_b``, whose device
+    twin this is)."""
     lo = -m - q * (1.0 - b)
     hi = -m + q * b
-    t = 0.5 * (lo + hi)
-    if 0.0 < b < 1.0:  # warm start at the current point when it is inside the bracket
-        t0 = math.log(b) - math.log1p(-b)
-        if lo < t0 < hi:
-            t = t0
     if hi - lo <= 0.0:
-        t = -m
+        return min(max(_sigmoid(-m), B_EPS), 1.0 - B_EPS)
+    g0 = -m - q * (0.5 - b)
+    if b <= 0.0:  # warm start at the current point's logit (alpha starts at 0)
+        t = -math.inf
+    elif b >= 1.0:
+        t = math.inf
     else:
-        step_old = hi - lo
-        step = step_old
-        for _ in range(_NEWTON_MAX_ITER):
-            p = _sigmoid(t)
-            g = -t - m - q * (p - b)
-            if g == 0.0:
-                break
-            if g > 0.0:
-                lo = t
-            else:
-                hi = t
-            dg = -1.0 - q * p * (1.0 - p)
-            nt = t - g / dg
-            if not (lo < nt < hi) or abs(2.0 * g) > abs(step_old * dg):
-                nt = 0.5 * (lo + hi)
-            step_old = step
-            step = nt - t
-            if abs(nt - t) <= _NEWTON_TOL * (1.0 + abs(t)) or hi - lo <= _NEWTON_TOL * (1.0 + abs(t)):
-                t = nt
-                break
-            t = nt
+        t = math.log(b) - math.log1p(-b)
+    if g0 > 0.0:
+        t = min(max(t, 0.0), hi)
+    else:
+        t = max(min(t, 0.0), lo)
+    for _ in range(_NEWTON_MAX_ITER):
+        p = _sigmoid(t)
+        g = -t - m - q * (p - b)
+        if g == 0.0:
+            break
+        nt = t + g / (1.0 + q * p * (1.0 - p))
+        if g0 > 0.0:
+            nt = max(nt, 0.0)
+        else:
+            nt = min(nt, 0.0)
+        done = abs(nt - t) <= _NEWTON_TOL * (1.0 + abs(t))
+        t = nt
+        if done:
+            break
     return min(max(_sigmoid(t), B_EPS), 1.0 - B_EPS)
 
 

@@ -162,6 +162,7 @@ def logistic_gamma(
         return 1.0
     lo, hi = 0.0, gmax
     g = min(max(start, 0.0), gmax)
+    end_checked = g == gmax
     for _ in range(_NEWTON_MAX_ITER):
         s1, s2 = derivs(g)
         d1 = s1 / n_w - lam * (wd + g * dd)
@@ -173,7 +174,13 @@ def logistic_gamma(
         if d1 == 0.0 or hi - lo <= _NEWTON_TOL * max(1.0, g):
             break
         ng = g - d1 / d2 if d2 < 0.0 else math.nan
-        if not (lo < ng < hi):
+        if not end_checked and hi == gmax and not (lo < ng < g + 0.5 * (hi - g)):
+            # Newton heads for the feasibility limit: test it. The coordinate that sets gamma_max
+            # has typically b ~ B_EPS and a tiny step, so phi' stays positive up to the limit and
+            # Newton would only halve the distance every step (about 40 passes per round).
+            ng = gmax
+            end_checked = True
+        elif not (lo < ng < hi) or g == gmax:  # (Newton from the singular end crawls)
             ng = 0.5 * (lo + hi)
         if abs(ng - g) <= _NEWTON_TOL * max(1.0, g):
             g = ng

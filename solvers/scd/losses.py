@@ -31,8 +31,8 @@ which is SDCA's step (sigma = 1) or the CoCoA+ local-subproblem step (sigma = si
 * squared:  ``a' = a + (y - a - dot) / (1 + q)``  (the paper's Eq. 4 in this scaling);
 * hinge:    ``b' = clip(b + (1 - s dot) / q, 0, 1)``  (closed form, Liu & Hajewski Sec. 7.1);
 * logistic: ``t = logit(b')`` solves ``g(t) = -t - s dot - q (sigmoid(t) - b) = 0``; g is decreasing
-  with g' in [-1 - q/4, -1] and its root lies in ``(-s dot - q (1-b), -s dot + q b)``, so a
-  bracketed (safeguarded) Newton iteration converges in a few steps. ``b'`` is kept in
+  with g' in [-1 - q/4, -1] and its root lies in ``(-s dot - q (1-b), -s dot + q b)``; Newton
+  kept on the root's side of 0, where g is convex or concave, converges in a few steps. ``b'`` is kept in
   ``[B_EPS, 1 - B_EPS]``, strictly inside the domain, so logs never see 0.
 """
 
@@ -49,7 +49,7 @@ LOSS_CODES = {"squared": SQUARED, "logistic": LOGISTIC, "hinge": HINGE}
 
 B_EPS = 1e-15  # logistic dual variables b stay in [B_EPS, 1 - B_EPS]
 _NEWTON_MAX_ITER = 50
-_NEWTON_TOL = 1e-13
+_NEWTON_TOL = 1e-11
 
 
 @njit(cache=True, nogil=True)
@@ -113,44 +113,41 @@ def dual_value(loss, y, a):
 def _logistic_b(b, m, q):
     """argmax over b' of entropy(b') - (b' - b) m - q (b' - b)^2 / 2, solved in logit space.
 
-    The stationarity condition g(t) = -t - m - q (sigmoid(t) - b) = 0 is decreasing in t with
-    its root inside [lo, hi]. Safeguarded Newton (rtsafe): a Newton step is taken only when it
-    stays inside the bracket and shrinks |g| fast enough, else the bracket is bisected. Plain
-    Newton oscillates between the bracket's ends when q is large (the sigmoid's curvature
-    changes by orders of magnitude across the bracket) and stops anywhere after the iteration
-    cap, which stalls SDCA far from the optimum."""
+    The stationarity condition g(t) = -t - m - q (sigmoid(t) - b) = 0 has g decreasing, concave
+    for t < 0 and convex for t > 0 (g'' = -q sigmoid'(t) (1 - 2 sigmoid(t))). The sign of
+    g(0) = -m - q (1/2 - b), which needs no exp, says on which side of 0 the root lies; on that
+    side g is convex (or concave) and Newton's iterates, kept on that side, converge
+    monotonically after at most one step (Yu, Huang and Lin's argument for the dual CD of
+    logistic regression, here in logit space). The start is the current point, clipped to that
+    side and to the bracket [-m - q (1 - b), -m + q b]. About 4 to 6 steps per call at q ~ 20,
+    where bisection safeguards needed 12 to 17 (they kept throwing away the warm start)."""
     lo = -m - q * (1.0 - b)
     hi = -m + q * b
     if hi - lo <= 0.0:  # q = 0: the root is -m exactly
-        t = -m
+        return min(max(sigmoid(-m), B_EPS), 1.0 - B_EPS)
+    g0 = -m - q * (0.5 - b)
+    if b <= 0.0:  # warm start at the current point's logit (alpha starts at 0)
+        t = -math.inf
+    elif b >= 1.0:
+        t = math.inf
     else:
-        t = math.log(b) - math.log1p(-b)  # warm start at the current point
-        if not (lo < t < hi):
-            t = 0.5 * (lo + hi)
-        step_old = hi - lo
-        step = step_old
-        for _ in range(_NEWTON_MAX_ITER):
-            p = sigmoid(t)
-            g = -t - m - q * (p - b)
-            if g == 0.0:
-                break
-            if g > 0.0:
-                lo = t
-            else:
-                hi = t
-            dg = -1.0 - q * p * (1.0 - p)
-            nt = t - g / dg
-            if not (lo < nt < hi) or abs(2.0 * g) > abs(step_old * dg):
-                nt = 0.5 * (lo + hi)  # bisect: Newton would leave the bracket or is too slow
-                step_old, step = step, nt - t
-            else:
-                step_old, step = step, nt - t
-            if abs(nt - t) <= _NEWTON_TOL * (1.0 + abs(t)) or hi - lo <= _NEWTON_TOL * (1.0 + abs(t)):
-                t = nt
-                break
-            t = nt
-    b_new = sigmoid(t)
-    return min(max(b_new, B_EPS), 1.0 - B_EPS)
+        t = math.log(b) - math.log1p(-b)
+    if g0 > 0.0:
+        t = min(max(t, 0.0), hi)
+    else:
+        t = max(min(t, 0.0), lo)
+    for _ in range(_NEWTON_MAX_ITER):
+        p = sigmoid(t)
+        g = -t - m - q * (p - b)
+        if g == 0.0:
+            break
+        nt = t + g / (1.0 + q * p * (1.0 - p))
+        nt = max(nt, 0.0) if g0 > 0.0 else min(nt, 0.0)
+        done = abs(nt - t) <= _NEWTON_TOL * (1.0 + abs(t))
+        t = nt
+        if done:
+            break
+    return min(max(sigmoid(t), B_EPS), 1.0 - B_EPS)
 
 
 @njit(cache=True, nogil=True)

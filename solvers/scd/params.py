@@ -64,7 +64,9 @@ class CocoaParams:
         _one_of(*_AGGREGATIONS),
     )
     threads: int = _p(1, "local solver partitions (numba threads); 1 = sequential SCD", _int_at_least(1))
-    bucket_size: int = _p(16, "consecutive examples (features) per bucket when threads > 1", _int_at_least(1))
+    bucket_size: int = _p(
+        8, "consecutive examples (features) per bucket of the shuffled epoch order "
+        "(1: a plain permutation)", _int_at_least(1))
     max_rounds: int = _p(100, "communication rounds at most", _int_at_least(0))
     tol: float = _p(1e-6, "stop when duality gap <= tol * P(0) (P(0): the objective at beta = 0)", _nonneg_finite())
     seed: int = _p(0, "seed of the per-epoch permutations", _int_at_least(0))

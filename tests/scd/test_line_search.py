@@ -140,3 +140,36 @@ def test_primal_gamma_equals_brute_force():
     best = _brute_force(lambda g: objective("squared", data, beta + g * dbeta, LAM), 4.0)
     assert gamma == pytest.approx(best, rel=1e-6, abs=1e-7)
     assert 1.0 / K < gamma
+
+
+def test_logistic_gamma_at_the_feasibility_limit_takes_two_evaluations():
+    """phi' > 0 all the way to gamma_max (the limit is set by a coordinate with b ~ 0 and a
+    tiny step): the search tests the limit instead of halving the distance ~40 times."""
+    labels = np.array([1.0, 1.0, 0.0], np.float32)
+    weights = np.ones(3, np.float32)
+    alpha = np.array([0.1, 2e-15, -0.1])
+    dalpha = np.array([0.1, -1e-15, -0.05])  # row 1 reaches b = 0 at gamma = 2, rows 0, 2 b < 1/2
+    calls = []
+
+    def derivs(g):
+        calls.append(g)
+        return logistic_line_derivs(labels, weights, alpha, dalpha, g)
+
+    _, _, gmax = dual_line_sums(loss_code("logistic"), labels, weights, alpha, dalpha)
+    assert gmax == pytest.approx(2.0)
+    gamma = logistic_gamma(derivs, 0.0, 0.0, LAM, 3.0, gmax, start=1.0)
+    assert gamma == gmax and calls == [1.0, gmax]
+
+
+def test_logistic_gamma_interior_optimum_after_testing_the_limit():
+    """When the limit is tested and phi' < 0 there, the interior root is still found exactly."""
+    labels = np.array([1.0, 0.0], np.float32)
+    weights = np.ones(2, np.float32)
+    alpha = np.array([0.1, -0.1])
+    dalpha = np.array([0.81, -0.81])  # gamma_max = 10/9: b -> 1 for both rows, phi' -> -inf
+    derivs = lambda g: logistic_line_derivs(labels, weights, alpha, dalpha, g)  # noqa: E731
+    _, _, gmax = dual_line_sums(loss_code("logistic"), labels, weights, alpha, dalpha)
+    wd, dd, lam, n_w = 0.2, 0.3, 0.5, 2.0
+    gamma = logistic_gamma(derivs, wd, dd, lam, n_w, gmax, start=1.0)
+    s1, _ = derivs(gamma)
+    assert 0.0 < gamma < gmax and abs(s1 / n_w - lam * (wd + gamma * dd)) < 1e-10

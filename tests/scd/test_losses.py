@@ -64,6 +64,9 @@ def test_dual_step_is_the_exact_maximiser(loss):
     (0.003569598219524153, -6.127768166301095, 11.87711059646716),  # plain Newton oscillated here
     (0.9, 7.5, 40.0),
     (0.5, 0.0, 1e4),
+    (1.0 - 1e-15, -15.4, 1e7),  # huge q, b at the domain's edge
+    (1e-15, 30.0, 20.0),  # alpha = 0 at the start, a well-classified row
+    (0.2, -3.0, 20.0),  # root on the convex side (t > 0), start on the concave side
 ])
 def test_logistic_step_solves_its_stationarity_condition_at_large_q(b, m, q):
     """The logistic step's root t of -t - m - q (sigmoid(t) - b) = 0, also where Newton's

@@ -50,3 +50,21 @@ def test_bucket_larger_than_the_shard():
     res, _ = _fit(data, "logistic", "dual", 2, bucket_size=64)  # one bucket: one busy partition
     seq, _ = _fit(data, "logistic", "dual", 1)
     assert res.converged and res.primal == pytest.approx(seq.primal, rel=1e-8)
+
+
+@pytest.mark.parametrize("n, bucket", [(103, 8), (96, 8), (50, 1), (5, 16)])
+def test_sequential_order_is_a_permutation_of_whole_buckets(n, bucket):
+    """The sequential solver's epoch order: every coordinate once, in runs of ``bucket``
+    consecutive coordinates (the last run shorter), the runs shuffled; bucket 1 = a plain
+    permutation. Same seed, same order."""
+    from solvers.scd.local_solver import _Schedule, epoch_rng
+
+    sched = _Schedule(n, 1, bucket)
+    order = sched.order(epoch_rng(0, 0, 1, 0))
+    assert np.array_equal(np.sort(order), np.arange(n))
+    same = np.diff(order // bucket) == 0
+    assert np.count_nonzero(~same) == sched.n_buckets - 1  # every bucket is one run
+    assert np.all(np.diff(order)[same] == 1)  # in storage order
+    assert np.array_equal(order, sched.order(epoch_rng(0, 0, 1, 0)))
+    if n >= 50:
+        assert not np.array_equal(order, np.arange(n))  # shuffled
