@@ -119,6 +119,38 @@ def dual_objective_sums(indptr, indices, values, labels, weights, alpha, w, loss
     return loss_sum, conj_sum
 
 
+@njit(cache=True, parallel=True)
+def dual_objective_sums_chunked(indptr, indices, values, labels, weights, alpha, w, loss,
+                                bias_scale, bias_index, n_chunks):
+    """``dual_objective_sums`` on numba threads: ``n_chunks`` fixed row ranges summed in
+    parallel, the partial sums then added in chunk order, so the result depends on
+    ``n_chunks`` only, never on the number of threads or their timing."""
+    n = labels.shape[0]
+    parts = np.zeros((n_chunks, 2))
+    for c in prange(n_chunks):
+        lo = c * n // n_chunks
+        hi = (c + 1) * n // n_chunks
+        loss_sum = 0.0
+        conj_sum = 0.0
+        wb = bias_scale * w[bias_index]
+        for i in range(lo, hi):
+            z = wb
+            for k in range(indptr[i], indptr[i + 1]):
+                z += np.float64(values[k]) * w[indices[k]]
+            cw = np.float64(weights[i])
+            y = np.float64(labels[i])
+            loss_sum += cw * primal_loss(loss, y, z)
+            conj_sum += cw * dual_value(loss, y, alpha[i])
+        parts[c, 0] = loss_sum
+        parts[c, 1] = conj_sum
+    total_loss = 0.0
+    total_conj = 0.0
+    for c in range(n_chunks):
+        total_loss += parts[c, 0]
+        total_conj += parts[c, 1]
+    return total_loss, total_conj
+
+
 @njit(cache=True, nogil=True)
 def scaled_difference(out, u, w, inv_sigma):
     """out = (u - w) * inv_sigma (the local shared-vector update of a CoCoA+ subproblem)."""

@@ -22,7 +22,13 @@ import numpy as np
 
 from allreduce.communicator import Communicator
 from solvers.data import CSRData
-from solvers.scd.dual_kernels import apply_dual_step, axpy, dual_objective_sums, scaled_difference
+from solvers.scd.dual_kernels import (
+    apply_dual_step,
+    axpy,
+    dual_objective_sums,
+    dual_objective_sums_chunked,
+    scaled_difference,
+)
 from solvers.scd.line_search import (
     dual_line_sums,
     fixed_gamma,
@@ -33,9 +39,11 @@ from solvers.scd.line_search import (
     ridge_dual_gamma,
     seq_dot,
 )
-from solvers.scd.local_solver import DualLocalSolver
+from solvers.scd.local_solver import DualLocalSolver, numba_threads
 from solvers.scd.losses import HINGE, LOGISTIC, SQUARED, loss_code
 from solvers.scd.params import CocoaParams
+
+EVAL_CHUNKS = 64  # row ranges of the threaded gap pass (fixed: the sums do not depend on threads)
 
 
 class DualProblemBase(abc.ABC):
@@ -129,9 +137,12 @@ class DualProblem(DualProblemBase):
 
     def eval_pieces(self) -> np.ndarray:
         d = self.data
-        return np.array(dual_objective_sums(d.indptr, d.indices, d.values, d.labels, d.weights,
-                                            self.alpha, self.w, self.loss, self.p.bias_scale,
-                                            d.n_features))
+        args = (d.indptr, d.indices, d.values, d.labels, d.weights, self.alpha, self.w, self.loss,
+                self.p.bias_scale, d.n_features)
+        if self.p.threads == 1:
+            return np.array(dual_objective_sums(*args))
+        with numba_threads(self.p.threads):  # the gap pass costs half an epoch: share it too
+            return np.array(dual_objective_sums_chunked(*args, EVAL_CHUNKS))
 
     def propose(self, round_index: int) -> None:
         a, u = self.solver.solve(self.alpha, self.w, self.sigma, self.p.local_epochs,

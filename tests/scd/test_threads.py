@@ -68,3 +68,24 @@ def test_sequential_order_is_a_permutation_of_whole_buckets(n, bucket):
     assert np.array_equal(order, sched.order(epoch_rng(0, 0, 1, 0)))
     if n >= 50:
         assert not np.array_equal(order, np.arange(n))  # shuffled
+
+
+def test_threaded_gap_pass_equals_the_sequential_one_for_any_thread_count():
+    from solvers.scd.dual_kernels import dual_objective_sums, dual_objective_sums_chunked
+    from solvers.scd.local_solver import numba_threads
+    from solvers.scd.losses import LOGISTIC
+
+    data = make_data("logistic", n=301, seed=5)
+    rng = np.random.default_rng(3)
+    alpha = np.where(data.labels > 0.5, 1.0, -1.0) * rng.uniform(0.01, 0.99, data.n_rows)
+    w = rng.normal(size=data.n_features + 1)
+    args = (data.indptr, data.indices, data.values, data.labels, data.weights, alpha, w, LOGISTIC,
+            1.0, data.n_features)
+    want = dual_objective_sums(*args)
+    got = []
+    for threads in (1, 2):
+        with numba_threads(threads):
+            got.append(dual_objective_sums_chunked(*args, 64))
+    assert got[0] == got[1]  # bit for bit: the chunks, not the threads, fix the order
+    np.testing.assert_allclose(got[0], want, rtol=1e-13)
+    assert dual_objective_sums_chunked(*args, 1) == want  # one chunk: the sequential sum
