@@ -10,6 +10,14 @@ import pytest
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("PYTHONHASHSEED", "0")
+# numba's default cache is keyed on each kernel's own file and timestamp, but a cached kernel
+# contains the code of the njit functions it calls: after an edit to a callee in another file
+# (losses.py under dual_kernels.py, say) the tests would run the caller's stale code. The
+# project's locator keys every cache on a hash of the whole package instead (set before numba
+# is imported; Spark's Python workers inherit it). Must equal pipeline.numba_cache.LOCATORS.
+NUMBA_LOCATORS = ("pipeline.numba_cache.StableLocator,InTreeCacheLocator,UserWideCacheLocator,"
+                  "ZipCacheLocator")
+os.environ.setdefault("NUMBA_CACHE_LOCATOR_CLASSES", NUMBA_LOCATORS)
 
 
 def _gpu_available() -> bool:

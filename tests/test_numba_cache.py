@@ -57,3 +57,15 @@ def test_kernels_compiled_by_one_application_are_reused_by_the_next(tmp_path):
     other = _run(_zip(tmp_path / "app-4" / "code.zip", patch=b"\n# changed\n", module="rowkernels.py"), cache)
     assert (other["hits"], other["misses"]) == (0, 1)
     assert _run(_zip(tmp_path / "app-5" / "code.zip", patch=b"\n# changed\n", module="rowkernels.py"), cache)["hits"] == 1
+
+
+def test_the_test_run_itself_uses_the_package_hash_locator():
+    """conftest enables the locator before numba is imported, so an edited callee can never
+    leave the tests running a caller's stale cached code."""
+    from solvers.scd import dual_kernels
+    from tests.conftest import NUMBA_LOCATORS
+
+    assert NUMBA_LOCATORS == LOCATORS
+    assert os.environ["NUMBA_CACHE_LOCATOR_CLASSES"] == LOCATORS
+    locator = dual_kernels.dual_epoch._cache._impl._locator
+    assert type(locator).__name__ == "StableLocator"

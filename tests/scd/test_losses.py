@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from scipy.optimize import minimize_scalar
 
 from solvers.scd.losses import (
@@ -104,3 +106,28 @@ def test_primal_and_dual_values_by_definition():
     assert dual_value(HINGE, 0.0, -0.25) == pytest.approx(0.25)
     with pytest.raises(ValueError, match="not one of"):
         loss_code("poisson")
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    b=st.one_of(st.floats(0.0, 1.0), st.sampled_from([0.0, B_EPS, 1e-9, 0.5, 1.0 - 1e-9, 1.0 - B_EPS, 1.0])),
+    m=st.floats(-1e3, 1e3),
+    q=st.one_of(st.floats(0.0, 1e8), st.sampled_from([0.0, 1e-12, 20.0, 40.0, 1e6])),
+)
+@example(b=0.0, m=30.0, q=20.0)  # alpha = 0 at the start, a well-classified row
+@example(b=1.0 - 1e-15, m=-15.4, q=1e7)
+@example(b=0.2, m=-3.0, q=20.0)  # root on the convex side, warm start on the concave side
+def test_logistic_step_stationarity_property(b, m, q):
+    """For any state, margin and curvature the step lands strictly inside the domain and solves
+    -t - m - q (b' - b) = 0 (t = logit b', i.e. b' = sigmoid(-m - q (b' - b))) unless the root
+    lies beyond the B_EPS guard."""
+    new = dual_step(LOGISTIC, 1.0, b, m, q)
+    assert B_EPS <= new <= 1.0 - B_EPS
+    if new in (B_EPS, 1.0 - B_EPS):
+        return
+    if min(new, 1.0 - new) < 1e-6:  # near the edges logit(b') loses digits: check b' itself
+        assert abs(new - sigmoid(-m - q * (new - b))) <= 1e-12
+        return
+    t = math.log(new) - math.log1p(-new)
+    scale = 1.0 + abs(t) + abs(m) + q * max(new, b)
+    assert abs(-t - m - q * (new - b)) <= 1e-9 * scale
