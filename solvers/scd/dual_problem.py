@@ -42,11 +42,12 @@ from solvers.scd.line_search import (
 from solvers.scd.local_solver import DualLocalSolver, numba_threads
 from solvers.scd.losses import HINGE, LOGISTIC, SQUARED, loss_code
 from solvers.scd.params import CocoaParams
+from solvers.scd.rounds import GapThenProposal
 
 EVAL_CHUNKS = 64  # row ranges of the threaded gap pass (fixed: the sums do not depend on threads)
 
 
-class DualProblemBase(abc.ABC):
+class DualProblemBase(GapThenProposal, abc.ABC):
     """The host side of dual CoCoA: the replicated w, the round's dw, objectives, gamma, model.
     Subclasses keep alpha and provide ``eval_pieces``, ``propose``, ``apply``, ``snapshot``,
     ``restore`` and the local sums ``_line_sums`` / ``_logistic_derivs``."""
@@ -149,6 +150,16 @@ class DualProblem(DualProblemBase):
                                  self.p.seed, self.comm.rank, round_index)
         np.subtract(a, self.alpha, out=self.dalpha)
         scaled_difference(self.dw, u, self.w, 1.0 / self.sigma)
+
+    def evaluate_and_propose(self, round_index: int) -> np.ndarray:
+        if self.p.threads > 1:
+            return super().evaluate_and_propose(round_index)
+        a, u, sums = self.solver.solve_with_gap(self.alpha, self.w, self.sigma,
+                                                self.p.local_epochs, self.p.seed,
+                                                self.comm.rank, round_index)
+        np.subtract(a, self.alpha, out=self.dalpha)
+        scaled_difference(self.dw, u, self.w, 1.0 / self.sigma)
+        return np.array(sums)
 
     def _line_sums(self) -> tuple[float, float, float]:
         d = self.data

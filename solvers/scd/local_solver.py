@@ -21,7 +21,12 @@ import numba
 import numpy as np
 
 from solvers.data import CSRData
-from solvers.scd.dual_kernels import dual_epoch, dual_epoch_buckets, row_sq_norms
+from solvers.scd.dual_kernels import (
+    dual_epoch,
+    dual_epoch_buckets,
+    dual_epoch_with_gap,
+    row_sq_norms,
+)
 from solvers.scd.partition import FeatureBlock
 from solvers.scd.primal_kernels import col_sq_norms, primal_epoch, primal_epoch_buckets
 
@@ -83,6 +88,35 @@ class DualLocalSolver:
         self.alpha = np.zeros(data.n_rows)
         self.u = np.zeros(data.n_features + 1)
         self.replicas = np.zeros((threads, data.n_features + 1)) if threads > 1 else None
+        self.wu: np.ndarray | None = None  # (n_features + 1, 2) of solve_with_gap, made on first use
+
+    def solve_with_gap(self, alpha: np.ndarray, w: np.ndarray, sigma: float, epochs: int,
+                       seed: int, rank: int, round_index: int
+                       ) -> tuple[np.ndarray, np.ndarray, tuple[float, float]]:
+        """``solve`` (sequential only) plus the gap sums of the starting point (alpha, w), taken
+        during the first epoch (``dual_kernels.dual_epoch_with_gap``) instead of by a separate
+        pass. The same orders as ``solve``, so the same alpha and u, bit for bit."""
+        if self.replicas is not None:
+            raise ValueError("solve_with_gap is the sequential solver's (threads == 1)")
+        if self.wu is None:
+            self.wu = np.empty((self.d.n_features + 1, 2))
+        np.copyto(self.alpha, alpha)
+        self.wu[:, 0] = w
+        self.wu[:, 1] = w
+        d, s, u = self.d, self.schedule, self.wu[:, 1]
+        scale = sigma / self.lam_n
+        sums = (0.0, 0.0)
+        for e in range(epochs):
+            order = s.order(epoch_rng(seed, rank, round_index, e))
+            if e == 0:
+                sums = dual_epoch_with_gap(d.indptr, d.indices, d.values, d.labels, d.weights,
+                                           self.sqn, self.alpha, self.wu, order, self.loss,
+                                           scale, self.bias_scale, self.bias_index)
+            else:
+                dual_epoch(d.indptr, d.indices, d.values, d.labels, d.weights, self.sqn,
+                           self.alpha, u, order, self.loss, scale, self.bias_scale,
+                           self.bias_index)
+        return self.alpha, u, sums
 
     def solve(self, alpha: np.ndarray, w: np.ndarray, sigma: float, epochs: int,
               seed: int, rank: int, round_index: int) -> tuple[np.ndarray, np.ndarray]:

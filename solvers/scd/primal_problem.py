@@ -27,9 +27,10 @@ from solvers.scd.local_solver import PrimalLocalSolver
 from solvers.scd.params import CocoaParams
 from solvers.scd.partition import feature_block
 from solvers.scd.primal_kernels import dual_map_sq_norm, residual_direction_sums, residual_sums
+from solvers.scd.rounds import GapThenProposal
 
 
-class PrimalProblemBase(abc.ABC):
+class PrimalProblemBase(GapThenProposal, abc.ABC):
     """The host side of primal CoCoA: the column block, the replicated z, the round's dz,
     objectives, gamma, model. Subclasses keep beta_k and provide ``eval_pieces``, ``propose``,
     ``line_pieces``, ``apply``, ``snapshot``, ``restore`` and ``_local_beta``."""

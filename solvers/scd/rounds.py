@@ -4,6 +4,7 @@ Round r+1 on every rank (Smith et al.'s CoCoA / Parnell et al.'s Algorithms 3-4)
 
     pieces_r   = gap pieces of the current point r           (local pass over the shard)
     proposal   = H local epochs on the sigma' subproblem     (dalpha_k or dbeta_k, dv_k)
+                 (the sequential dual solver takes pieces_r during its first epoch, no extra pass)
     reduced    = allreduce([dv_k | pieces_r | line pieces | K-slot timings])   # ONE allreduce
     gap_r      = P_r - D_r from the reduced pieces           (identical on every rank)
     stop if gap_r <= tol * P_0  or  r == max_rounds          (point r is the answer)
@@ -49,6 +50,7 @@ class Problem(Protocol):
     def eval_pieces(self) -> np.ndarray: ...
     def objectives(self, sums: np.ndarray) -> tuple[float, float]: ...
     def propose(self, round_index: int) -> None: ...
+    def evaluate_and_propose(self, round_index: int) -> np.ndarray: ...
     def shared_delta(self) -> np.ndarray: ...
     def line_pieces(self) -> np.ndarray: ...
     def gamma(self, delta: np.ndarray, sums: np.ndarray) -> float: ...
@@ -56,6 +58,16 @@ class Problem(Protocol):
     def model(self) -> np.ndarray: ...
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]: ...
     def restore(self, local: np.ndarray, shared: np.ndarray) -> None: ...
+
+
+class GapThenProposal:
+    """``evaluate_and_propose`` as two steps: a pass for the gap pieces, then the proposal. A
+    problem that can take the pieces during its local solve overrides it (the CPU dual)."""
+
+    def evaluate_and_propose(self, round_index: int) -> np.ndarray:
+        pieces = self.eval_pieces()  # type: ignore[attr-defined]
+        self.propose(round_index)  # type: ignore[attr-defined]
+        return pieces
 
 
 class RoundLoop:
@@ -122,14 +134,13 @@ class RoundLoop:
         """One allreduce: [dv | gap pieces | line pieces | timings] (only the last two
         groups without a proposal)."""
         pr = self.problem
-        pieces = pr.eval_pieces()
         slots = np.zeros(3 * self.comm.size)
         r = self.comm.rank
         slots[3 * r:3 * r + 3] = (self.pending["compute_s"], self.pending["stall_s"],
                                   self.pending["transfer_s"])
         if final:
-            return self.comm.allreduce(np.concatenate([pieces, slots]))
-        pr.propose(self.round + 1)
+            return self.comm.allreduce(np.concatenate([pr.eval_pieces(), slots]))
+        pieces = pr.evaluate_and_propose(self.round + 1)
         return self.comm.allreduce(
             np.concatenate([pr.shared_delta(), pieces, pr.line_pieces(), slots]))
 
