@@ -70,39 +70,39 @@ def _sigmoid(t):
 
 
 @cuda.jit(device=True)
-def _logistic_b(b, m, q):
-    """argmax_b' entropy(b') - (b' - b) m - q (b' - b)^2 / 2: Newton in logit space kept on the
-    root's side of 0, where g is convex or concave (see ``losses._logistic_b``, whose device
-    twin this is)."""
-    lo = -m - q * (1.0 - b)
-    hi = -m + q * b
-    if hi - lo <= 0.0:
-        return min(max(_sigmoid(-m), B_EPS), 1.0 - B_EPS)
-    g0 = -m - q * (0.5 - b)
-    if b <= 0.0:  # warm start at the current point's logit (alpha starts at 0)
-        t = -math.inf
-    elif b >= 1.0:
-        t = math.inf
-    else:
-        t = math.log(b) - math.log1p(-b)
-    if g0 > 0.0:
-        t = min(max(t, 0.0), hi)
-    else:
-        t = max(min(t, 0.0), lo)
+def _concave_root(b, m, q, t):
+    """Device twin of ``losses._concave_root`` (the root only)."""
+    t = max(min(t, 0.0), -m - q * (1.0 - b))
     for _ in range(_NEWTON_MAX_ITER):
         p = _sigmoid(t)
         g = -t - m - q * (p - b)
         if g == 0.0:
             break
-        nt = t + g / (1.0 + q * p * (1.0 - p))
-        if g0 > 0.0:
-            nt = max(nt, 0.0)
-        else:
-            nt = min(nt, 0.0)
+        nt = min(t + g / (1.0 + q * p * (1.0 - p)), 0.0)
         done = abs(nt - t) <= _NEWTON_TOL * (1.0 + abs(t))
         t = nt
         if done:
             break
+    return t
+
+
+@cuda.jit(device=True)
+def _logistic_b(b, m, q):
+    """argmax_b' entropy(b') - (b' - b) m - q (b' - b)^2 / 2: Newton in logit space on the
+    root's side of 0, mirrored to the concave side (the device twin of ``losses._logistic_root``
+    and ``losses._logistic_b``)."""
+    if q <= 0.0:
+        return min(max(_sigmoid(-m), B_EPS), 1.0 - B_EPS)
+    if b <= 0.0:
+        tw = -math.inf
+    elif b >= 1.0:
+        tw = math.inf
+    else:
+        tw = math.log(b) - math.log1p(-b)
+    if -m - q * (0.5 - b) > 0.0:
+        t = -_concave_root(1.0 - b, -m, q, -tw)
+    else:
+        t = _concave_root(b, m, q, tw)
     return min(max(_sigmoid(t), B_EPS), 1.0 - B_EPS)
 
 

@@ -1,8 +1,9 @@
 """Epoch permutations made on the device: a keyed Feistel bijection with cycle walking.
 
-The CPU solvers draw each epoch's permutation from ``numpy.random.default_rng((seed, rank,
-round, epoch))``; uploading that permutation would put ``8 n`` bytes on the PCIe bus every
-epoch, more than the shared vector when a shard has many coordinates. Instead the GPU solver
+The CPU solvers draw each epoch's order from ``numpy.random.default_rng((seed, rank, round,
+epoch))`` (a permutation of buckets of consecutive coordinates, for cache locality; the GPU has
+no such need, one thread block per coordinate); uploading an order would put ``8 n`` bytes on the
+PCIe bus every epoch, more than the shared vector when a shard has many coordinates. Instead the GPU solver
 fills its order buffer on the device with
 
     order[t] = first value < n of  F(t), F(F(t)), ...       t = 0 .. n - 1

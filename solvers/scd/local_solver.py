@@ -103,20 +103,17 @@ class DualLocalSolver:
         np.copyto(self.alpha, alpha)
         self.wu[:, 0] = w
         self.wu[:, 1] = w
-        d, s, u = self.d, self.schedule, self.wu[:, 1]
+        d, s = self.d, self.schedule
         scale = sigma / self.lam_n
-        sums = (0.0, 0.0)
-        for e in range(epochs):
-            order = s.order(epoch_rng(seed, rank, round_index, e))
-            if e == 0:
-                sums = dual_epoch_with_gap(d.indptr, d.indices, d.values, d.labels, d.weights,
-                                           self.sqn, self.alpha, self.wu, order, self.loss,
-                                           scale, self.bias_scale, self.bias_index)
-            else:
-                dual_epoch(d.indptr, d.indices, d.values, d.labels, d.weights, self.sqn,
-                           self.alpha, u, order, self.loss, scale, self.bias_scale,
-                           self.bias_index)
-        return self.alpha, u, sums
+        sums = dual_epoch_with_gap(d.indptr, d.indices, d.values, d.labels, d.weights, self.sqn,
+                                   self.alpha, self.wu, s.order(epoch_rng(seed, rank, round_index, 0)),
+                                   self.loss, scale, self.bias_scale, self.bias_index)
+        np.copyto(self.u, self.wu[:, 1])  # later epochs (and the caller) use the contiguous u
+        for e in range(1, epochs):
+            dual_epoch(d.indptr, d.indices, d.values, d.labels, d.weights, self.sqn, self.alpha,
+                       self.u, s.order(epoch_rng(seed, rank, round_index, e)), self.loss, scale,
+                       self.bias_scale, self.bias_index)
+        return self.alpha, self.u, sums
 
     def solve(self, alpha: np.ndarray, w: np.ndarray, sigma: float, epochs: int,
               seed: int, rank: int, round_index: int) -> tuple[np.ndarray, np.ndarray]:

@@ -32,7 +32,7 @@ which is SDCA's step (sigma = 1) or the CoCoA+ local-subproblem step (sigma = si
 * hinge:    ``b' = clip(b + (1 - s dot) / q, 0, 1)``  (closed form, Liu & Hajewski Sec. 7.1);
 * logistic: ``t = logit(b')`` solves ``g(t) = -t - s dot - q (sigmoid(t) - b) = 0``; g is decreasing
   with g' in [-1 - q/4, -1] and its root lies in ``(-s dot - q (1-b), -s dot + q b)``; Newton
-  kept on the root's side of 0, where g is convex or concave, converges in a few steps. ``b'`` is kept in
+  kept on the root's side of 0, where g is concave (mirrored if need be), converges in a few steps. ``b'`` is kept in
   ``[B_EPS, 1 - B_EPS]``, strictly inside the domain, so logs never see 0.
 """
 
@@ -110,43 +110,57 @@ def dual_value(loss, y, a):
 
 
 @njit(cache=True, nogil=True)
-def _logistic_b(b, m, q):
-    """argmax over b' of entropy(b') - (b' - b) m - q (b' - b)^2 / 2, solved in logit space.
-
-    The stationarity condition g(t) = -t - m - q (sigmoid(t) - b) = 0 has g decreasing, concave
-    for t < 0 and convex for t > 0 (g'' = -q sigmoid'(t) (1 - 2 sigmoid(t))). The sign of
-    g(0) = -m - q (1/2 - b), which needs no exp, says on which side of 0 the root lies; on that
-    side g is convex (or concave) and Newton's iterates, kept on that side, converge
-    monotonically after at most one step (Yu, Huang and Lin's argument for the dual CD of
-    logistic regression, here in logit space). The start is the current point, clipped to that
-    side and to the bracket [-m - q (1 - b), -m + q b]. About 4 to 6 steps per call at q ~ 20,
-    where bisection safeguards needed 12 to 17 (they kept throwing away the warm start)."""
-    lo = -m - q * (1.0 - b)
-    hi = -m + q * b
-    if hi - lo <= 0.0:  # q = 0: the root is -m exactly
-        return min(max(sigmoid(-m), B_EPS), 1.0 - B_EPS)
-    g0 = -m - q * (0.5 - b)
-    if b <= 0.0:  # warm start at the current point's logit (alpha starts at 0)
-        t = -math.inf
-    elif b >= 1.0:
-        t = math.inf
-    else:
-        t = math.log(b) - math.log1p(-b)
-    if g0 > 0.0:
-        t = min(max(t, 0.0), hi)
-    else:
-        t = max(min(t, 0.0), lo)
+def _concave_root(b, m, q, t):
+    """(root, Newton steps) of g(t) = -t - m - q (sigmoid(t) - b) when the root is <= 0, where g
+    is decreasing and concave (g'' = -q sigmoid'(t) (1 - 2 sigmoid(t)) <= 0). Newton from any
+    start in [lo, 0], lo = -m - q (1 - b), kept <= 0, converges monotonically after at most one
+    step (Yu, Huang and Lin's argument for the dual CD of logistic regression, in logit space).
+    ``t`` is the warm start (the current point's logit)."""
+    t = max(min(t, 0.0), -m - q * (1.0 - b))
+    steps = 0
     for _ in range(_NEWTON_MAX_ITER):
+        steps += 1
         p = sigmoid(t)
         g = -t - m - q * (p - b)
         if g == 0.0:
             break
-        nt = t + g / (1.0 + q * p * (1.0 - p))
-        nt = max(nt, 0.0) if g0 > 0.0 else min(nt, 0.0)
+        nt = min(t + g / (1.0 + q * p * (1.0 - p)), 0.0)
         done = abs(nt - t) <= _NEWTON_TOL * (1.0 + abs(t))
         t = nt
         if done:
             break
+    return t, steps
+
+
+@njit(cache=True, nogil=True)
+def _logistic_root(b, m, q):
+    """(t, Newton steps): t = logit of argmax_b' entropy(b') - (b' - b) m - q (b' - b)^2 / 2.
+
+    The root of g(t) = -t - m - q (sigmoid(t) - b) lies on the side of 0 given by the sign of
+    g(0) = -m - q (1/2 - b), which needs no exp. A root <= 0 is found by ``_concave_root``; a
+    root > 0 by the same function on the mirrored problem (1 - b, -m; t -> -t), where g is again
+    concave. Working on the small side keeps sigmoid(t) - b free of cancellation: near b = 1
+    with a huge q, 1 - sigmoid(t) computed directly is rounding noise and Newton would run to
+    its cap. About 4 to 6 steps at q ~ 20 (a bisection-safeguarded Newton needed 12 to 17)."""
+    if q <= 0.0:  # the root is -m exactly
+        return -m, 0
+    if b <= 0.0:  # warm start at the current point's logit (alpha starts at 0)
+        tw = -math.inf
+    elif b >= 1.0:
+        tw = math.inf
+    else:
+        tw = math.log(b) - math.log1p(-b)
+    if -m - q * (0.5 - b) > 0.0:
+        t, steps = _concave_root(1.0 - b, -m, q, -tw)
+        return -t, steps
+    return _concave_root(b, m, q, tw)
+
+
+@njit(cache=True, nogil=True)
+def _logistic_b(b, m, q):
+    """argmax over b' of entropy(b') - (b' - b) m - q (b' - b)^2 / 2 (see ``_logistic_root``),
+    kept in [B_EPS, 1 - B_EPS]."""
+    t, _ = _logistic_root(b, m, q)
     return min(max(sigmoid(t), B_EPS), 1.0 - B_EPS)
 
 

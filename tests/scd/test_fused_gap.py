@@ -16,7 +16,7 @@ from solvers.scd.dual_kernels import (
     row_sq_norms,
 )
 from solvers.scd.local_solver import DualLocalSolver
-from solvers.scd.losses import loss_code
+from solvers.scd.losses import dual_value, loss_code
 from tests.scd.helpers import make_data, objective
 
 LAM = 1e-2
@@ -78,11 +78,17 @@ def test_history_reports_each_points_own_objectives(loss):
     """Row r of the history is point r (its pieces are taken while round r+1 is computed):
     the primal equals the definition at the model of the state saved after round r."""
     data = make_data(loss, n=200, seed=8)
+    code = loss_code(loss)
     states = []
     res = train_cocoa(data, LocalCommunicator(),
                       CocoaParams(loss=loss, l2=LAM, tol=0.0, max_rounds=6),
                       on_round_end=states.append)
     assert [row["round"] for row in res.history] == list(range(7))
+    c = data.weights.astype(np.float64)
     for state in states:
         row = res.history[state.round]
         assert row["primal"] == pytest.approx(objective(loss, data, state.shared, LAM), rel=1e-12)
+        conj = sum(ci * dual_value(code, float(yi), float(ai))
+                   for ci, yi, ai in zip(c, data.labels, state.local, strict=True))
+        dual = conj / c.sum() - 0.5 * LAM * float(state.shared @ state.shared)
+        assert row["dual"] == pytest.approx(dual, rel=1e-12, abs=1e-14)

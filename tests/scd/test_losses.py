@@ -131,3 +131,24 @@ def test_logistic_step_stationarity_property(b, m, q):
     t = math.log(new) - math.log1p(-new)
     scale = 1.0 + abs(t) + abs(m) + q * max(new, b)
     assert abs(-t - m - q * (new - b)) <= 1e-9 * scale
+
+
+def test_logistic_step_takes_few_newton_steps_on_either_side_and_at_huge_q():
+    """Both sides of the root and b at the domain's edges: at most a dozen steps for q <= 1e3,
+    and never near the cap for q up to 1e9.
+    (Computing sigmoid(t) - b directly near b = 1 is rounding noise at huge q, and Newton then
+    ran to its cap of 50; the solver works on the mirrored small side instead.)"""
+    from solvers.scd.losses import _logistic_root
+
+    moderate, huge = [], []
+    rng = np.random.default_rng(11)
+    for _ in range(4000):
+        b = float(rng.choice([rng.uniform(0, 1), 1.0 - 10 ** rng.uniform(-15, -1),
+                              10 ** rng.uniform(-15, -1)]))
+        q = float(10 ** rng.uniform(-3, 9))
+        m = float(rng.normal(0.0, 10.0))
+        t, steps = _logistic_root(b, m, q)
+        assert math.isfinite(t)
+        (moderate if q <= 1e3 else huge).append(steps)
+    assert max(moderate) <= 12 and np.mean(moderate) <= 6, (max(moderate), np.mean(moderate))
+    assert max(huge) <= 30 and np.mean(huge) <= 9, (max(huge), np.mean(huge))  # the cap is 50
