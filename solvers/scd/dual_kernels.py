@@ -140,13 +140,13 @@ def dual_epoch_buckets(indptr, indices, values, labels, weights, sqn, alpha, u, 
 
 
 @njit(cache=True, nogil=True)
-def dual_objective_sums(indptr, indices, values, labels, weights, alpha, w, loss, bias_scale,
-                        bias_index):
-    """(sum_i c_i phi_i(x_i . w), sum_i c_i h_i(alpha_i)) over this shard: the pieces of P and D."""
+def _objective_sums_rows(indptr, indices, values, labels, weights, alpha, w, loss, bias_scale,
+                         bias_index, lo, hi):
+    """(sum c phi(x . w), sum c h(alpha)) over rows [lo, hi), in row order."""
     loss_sum = 0.0
     conj_sum = 0.0
     wb = bias_scale * w[bias_index]
-    for i in range(labels.shape[0]):
+    for i in range(lo, hi):
         z = wb
         for k in range(indptr[i], indptr[i + 1]):
             z += np.float64(values[k]) * w[indices[k]]
@@ -155,6 +155,14 @@ def dual_objective_sums(indptr, indices, values, labels, weights, alpha, w, loss
         loss_sum += c * primal_loss(loss, y, z)
         conj_sum += c * dual_value(loss, y, alpha[i])
     return loss_sum, conj_sum
+
+
+@njit(cache=True, nogil=True)
+def dual_objective_sums(indptr, indices, values, labels, weights, alpha, w, loss, bias_scale,
+                        bias_index):
+    """(sum_i c_i phi_i(x_i . w), sum_i c_i h_i(alpha_i)) over this shard: the pieces of P and D."""
+    return _objective_sums_rows(indptr, indices, values, labels, weights, alpha, w, loss,
+                                bias_scale, bias_index, 0, labels.shape[0])
 
 
 @njit(cache=True, parallel=True)
@@ -166,21 +174,9 @@ def dual_objective_sums_chunked(indptr, indices, values, labels, weights, alpha,
     n = labels.shape[0]
     parts = np.zeros((n_chunks, 2))
     for c in prange(n_chunks):
-        lo = c * n // n_chunks
-        hi = (c + 1) * n // n_chunks
-        loss_sum = 0.0
-        conj_sum = 0.0
-        wb = bias_scale * w[bias_index]
-        for i in range(lo, hi):
-            z = wb
-            for k in range(indptr[i], indptr[i + 1]):
-                z += np.float64(values[k]) * w[indices[k]]
-            cw = np.float64(weights[i])
-            y = np.float64(labels[i])
-            loss_sum += cw * primal_loss(loss, y, z)
-            conj_sum += cw * dual_value(loss, y, alpha[i])
-        parts[c, 0] = loss_sum
-        parts[c, 1] = conj_sum
+        parts[c, 0], parts[c, 1] = _objective_sums_rows(
+            indptr, indices, values, labels, weights, alpha, w, loss, bias_scale, bias_index,
+            c * n // n_chunks, (c + 1) * n // n_chunks)
     total_loss = 0.0
     total_conj = 0.0
     for c in range(n_chunks):
