@@ -114,29 +114,68 @@ def dual_epoch_with_gap(indptr, indices, values, labels, weights, sqn, alpha, wu
 
 @njit(cache=True, parallel=True)
 def dual_epoch_buckets(indptr, indices, values, labels, weights, sqn, alpha, u, bucket_order,
-                       bucket_size, replicas, loss, scale_part, bias_scale, bias_index):
+                       bucket_size, replicas, loss, scale_part, bias_scale, bias_index, with_gap):
     """One bucketed epoch on ``replicas.shape[0]`` partitions, each with its own shared-vector
-    replica; ``scale_part = sigma * n_parts / (lam N)``. Merges the replicas into ``u``."""
+    replica; ``scale_part = sigma * n_parts / (lam N)``. Merges the replicas into ``u``.
+
+    ``replicas`` is (n_parts, n_features + 1, 2): column 1 is the partition's replica, column 0
+    a copy of ``u`` as the epoch found it. With ``with_gap`` each row's margin against that copy
+    and its conjugate term are taken just before its step (in the same cache line as the
+    replica's entry, as in ``dual_epoch_with_gap``), and the function returns the gap sums of
+    (alpha, u) at the start of the epoch, partition sums added in partition order; otherwise
+    (0, 0)."""
     n = labels.shape[0]
     n_parts = replicas.shape[0]
     nb = bucket_order.shape[0]
+    parts = np.zeros((n_parts, 2))
     for p in prange(n_parts):
         rep = replicas[p]
-        rep[:] = u
+        rep[:, 0] = u
+        rep[:, 1] = u
+        loss_sum = 0.0
+        conj_sum = 0.0
         for j in range(p * nb // n_parts, (p + 1) * nb // n_parts):
             start = bucket_order[j] * bucket_size
-            stop = min(start + bucket_size, n)
-            for i in range(start, stop):
-                _step_row(i, indptr, indices, values, labels, weights, sqn, alpha, rep, loss,
-                          scale_part, bias_scale, bias_index)
-    # merge: u += (1 / P) sum_p (replicas[p] - u), the partitions summed in a fixed order
+            for i in range(start, min(start + bucket_size, n)):
+                dot = bias_scale * rep[bias_index, 1]
+                c = np.float64(weights[i])
+                y = np.float64(labels[i])
+                a = alpha[i]
+                if with_gap:
+                    z = bias_scale * rep[bias_index, 0]
+                    for k in range(indptr[i], indptr[i + 1]):
+                        v = np.float64(values[k])
+                        f = indices[k]
+                        z += v * rep[f, 0]
+                        dot += v * rep[f, 1]
+                    loss_sum += c * primal_loss(loss, y, z)
+                    conj_sum += c * dual_value(loss, y, a)
+                else:
+                    for k in range(indptr[i], indptr[i + 1]):
+                        dot += np.float64(values[k]) * rep[indices[k], 1]
+                a_new = dual_step(loss, y, a, dot, scale_part * c * sqn[i])
+                if a_new != a:
+                    alpha[i] = a_new
+                    coef = scale_part * c * (a_new - a)
+                    for k in range(indptr[i], indptr[i + 1]):
+                        rep[indices[k], 1] += coef * np.float64(values[k])
+                    rep[bias_index, 1] += coef * bias_scale
+        parts[p, 0] = loss_sum
+        parts[p, 1] = conj_sum
+    # merge: u += (1 / P) sum_p (replica_p - u), the partitions summed in a fixed order
     inv = 1.0 / n_parts
     for j in prange(u.shape[0]):
         base = u[j]
         acc = 0.0
         for p in range(n_parts):
-            acc += replicas[p, j] - base
+            acc += replicas[p, j, 1] - base
         u[j] = base + acc * inv
+    total_loss = 0.0
+    total_conj = 0.0
+    for p in range(n_parts):
+        total_loss += parts[p, 0]
+        total_conj += parts[p, 1]
+    return total_loss, total_conj
 
 
 @njit(cache=True, nogil=True)

@@ -152,8 +152,6 @@ class DualProblem(DualProblemBase):
         scaled_difference(self.dw, u, self.w, 1.0 / self.sigma)
 
     def evaluate_and_propose(self, round_index: int) -> np.ndarray:
-        if self.p.threads > 1:
-            return super().evaluate_and_propose(round_index)
         a, u, sums = self.solver.solve_with_gap(self.alpha, self.w, self.sigma,
                                                 self.p.local_epochs, self.p.seed,
                                                 self.comm.rank, round_index)

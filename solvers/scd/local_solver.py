@@ -87,32 +87,32 @@ class DualLocalSolver:
         self.schedule = _Schedule(data.n_rows, threads, bucket_size)
         self.alpha = np.zeros(data.n_rows)
         self.u = np.zeros(data.n_features + 1)
-        self.replicas = np.zeros((threads, data.n_features + 1)) if threads > 1 else None
+        # thread-local replicas (column 1) beside a copy of u (column 0), see dual_epoch_buckets
+        self.replicas = np.zeros((threads, data.n_features + 1, 2)) if threads > 1 else None
         self.wu: np.ndarray | None = None  # (n_features + 1, 2) of solve_with_gap, made on first use
 
     def solve_with_gap(self, alpha: np.ndarray, w: np.ndarray, sigma: float, epochs: int,
                        seed: int, rank: int, round_index: int
                        ) -> tuple[np.ndarray, np.ndarray, tuple[float, float]]:
-        """``solve`` (sequential only) plus the gap sums of the starting point (alpha, w), taken
-        during the first epoch (``dual_kernels.dual_epoch_with_gap``) instead of by a separate
-        pass. The same orders as ``solve``, so the same alpha and u, bit for bit."""
-        if self.replicas is not None:
-            raise ValueError("solve_with_gap is the sequential solver's (threads == 1)")
-        if self.wu is None:
-            self.wu = np.empty((self.d.n_features + 1, 2))
+        """``solve`` plus the gap sums of the starting point (alpha, w), taken during the first
+        epoch (``dual_epoch_with_gap``, or ``dual_epoch_buckets`` with ``with_gap``) instead of
+        by a separate pass. The same orders and steps as ``solve``: the same alpha and u."""
         np.copyto(self.alpha, alpha)
-        self.wu[:, 0] = w
-        self.wu[:, 1] = w
         d, s = self.d, self.schedule
-        scale = sigma / self.lam_n
-        sums = dual_epoch_with_gap(d.indptr, d.indices, d.values, d.labels, d.weights, self.sqn,
-                                   self.alpha, self.wu, s.order(epoch_rng(seed, rank, round_index, 0)),
-                                   self.loss, scale, self.bias_scale, self.bias_index)
-        np.copyto(self.u, self.wu[:, 1])  # later epochs (and the caller) use the contiguous u
-        for e in range(1, epochs):
-            dual_epoch(d.indptr, d.indices, d.values, d.labels, d.weights, self.sqn, self.alpha,
-                       self.u, s.order(epoch_rng(seed, rank, round_index, e)), self.loss, scale,
-                       self.bias_scale, self.bias_index)
+        if self.replicas is not None:
+            np.copyto(self.u, w)
+            sums = self._threaded_epoch(sigma, s.order(epoch_rng(seed, rank, round_index, 0)), True)
+        else:
+            if self.wu is None:
+                self.wu = np.empty((d.n_features + 1, 2))
+            self.wu[:, 0] = w
+            self.wu[:, 1] = w
+            sums = dual_epoch_with_gap(d.indptr, d.indices, d.values, d.labels, d.weights,
+                                       self.sqn, self.alpha, self.wu,
+                                       s.order(epoch_rng(seed, rank, round_index, 0)), self.loss,
+                                       sigma / self.lam_n, self.bias_scale, self.bias_index)
+            np.copyto(self.u, self.wu[:, 1])  # later epochs (and the caller) use the contiguous u
+        self._epochs(sigma, range(1, epochs), seed, rank, round_index)
         return self.alpha, self.u, sums
 
     def solve(self, alpha: np.ndarray, w: np.ndarray, sigma: float, epochs: int,
@@ -120,20 +120,28 @@ class DualLocalSolver:
         """-> (alpha after the epochs, u = w + sigma dw_local); both are this solver's buffers."""
         np.copyto(self.alpha, alpha)
         np.copyto(self.u, w)
+        self._epochs(sigma, range(epochs), seed, rank, round_index)
+        return self.alpha, self.u
+
+    def _epochs(self, sigma: float, epochs: range, seed: int, rank: int, round_index: int) -> None:
         d, s = self.d, self.schedule
-        for e in range(epochs):
+        for e in epochs:
             order = s.order(epoch_rng(seed, rank, round_index, e))
             if self.replicas is None:
                 dual_epoch(d.indptr, d.indices, d.values, d.labels, d.weights, self.sqn, self.alpha,
                            self.u, order, self.loss, sigma / self.lam_n, self.bias_scale,
                            self.bias_index)
             else:
-                with numba_threads(s.threads):
-                    dual_epoch_buckets(d.indptr, d.indices, d.values, d.labels, d.weights,
-                                       self.sqn, self.alpha, self.u, order, s.bucket_size,
-                                       self.replicas, self.loss, sigma * s.threads / self.lam_n,
-                                       self.bias_scale, self.bias_index)
-        return self.alpha, self.u
+                self._threaded_epoch(sigma, order, False)
+
+    def _threaded_epoch(self, sigma: float, bucket_order: np.ndarray,
+                        with_gap: bool) -> tuple[float, float]:
+        d, s = self.d, self.schedule
+        with numba_threads(s.threads):
+            return dual_epoch_buckets(d.indptr, d.indices, d.values, d.labels, d.weights,
+                                      self.sqn, self.alpha, self.u, bucket_order, s.bucket_size,
+                                      self.replicas, self.loss, sigma * s.threads / self.lam_n,
+                                      self.bias_scale, self.bias_index, with_gap)
 
 
 class PrimalLocalSolver:
