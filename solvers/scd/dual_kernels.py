@@ -119,6 +119,18 @@ def dual_epoch_with_gap(indptr, indices, values, labels, weights, sqn, alpha, wu
     return acc[0], acc[1]
 
 
+@njit(cache=True, nogil=True)
+def _ordered_pair_sum(parts):
+    """(sum parts[:, 0], sum parts[:, 1]) in row order: partial sums of partitions or chunks
+    added in a fixed order, so the total does not depend on thread timing."""
+    total_loss = 0.0
+    total_conj = 0.0
+    for r in range(parts.shape[0]):
+        total_loss += parts[r, 0]
+        total_conj += parts[r, 1]
+    return total_loss, total_conj
+
+
 @njit(cache=True, parallel=True)
 def dual_epoch_buckets(indptr, indices, values, labels, weights, sqn, alpha, u, bucket_order,
                        bucket_size, replicas, loss, scale_part, bias_scale, bias_index, with_gap):
@@ -160,12 +172,7 @@ def dual_epoch_buckets(indptr, indices, values, labels, weights, sqn, alpha, u, 
         for p in range(n_parts):
             acc += replicas[p, j, 1] - base
         u[j] = base + acc * inv
-    total_loss = 0.0
-    total_conj = 0.0
-    for p in range(n_parts):
-        total_loss += parts[p, 0]
-        total_conj += parts[p, 1]
-    return total_loss, total_conj
+    return _ordered_pair_sum(parts)
 
 
 @njit(cache=True, nogil=True)
@@ -206,12 +213,7 @@ def dual_objective_sums_chunked(indptr, indices, values, labels, weights, alpha,
         parts[c, 0], parts[c, 1] = _objective_sums_rows(
             indptr, indices, values, labels, weights, alpha, w, loss, bias_scale, bias_index,
             c * n // n_chunks, (c + 1) * n // n_chunks)
-    total_loss = 0.0
-    total_conj = 0.0
-    for c in range(n_chunks):
-        total_loss += parts[c, 0]
-        total_conj += parts[c, 1]
-    return total_loss, total_conj
+    return _ordered_pair_sum(parts)
 
 
 @njit(cache=True, nogil=True)
