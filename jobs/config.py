@@ -210,7 +210,7 @@ class TrainConf:
     checkpoint_dir: str = param("", "per-pass checkpoints for retried attempts; '' = MODEL_DIR.checkpoint beside the model", Pattern(nonempty=False))
     checkpoint_interval_s: float = param(
         30.0, "checkpoint after a pass once this many seconds passed since the last one (0: after every pass); "
-        "a checkpoint holds the L-BFGS memory, 2 x lbfgs_memory x 2^bits floats", Interval(0, None))
+        "a checkpoint holds the L-BFGS memory, 2 x lbfgs_memory floats per feature that occurs in the data", Interval(0, None))
     progress: str = param("auto", "driver console progress (pass, rows, objective, ETA): auto = a bar on a terminal, log lines otherwise", OneOf(("auto", "bar", "log")))
     inject: InjectConf = section(InjectConf, "fault injection for tests and chaos drills; off by default")
 

@@ -18,6 +18,12 @@ A line search that finds no acceptable step is retried once along −D⁻¹·∇
 cleared; if that fails too the run stops with "line_search_failed" (the objective is then flat
 to rounding along the directions tried); if no trial point even had a finite objective, that
 is a divergence and raises.
+
+The phase works on the active features only (:mod:`solvers.active`: those in some rank's data
+or non-zero at the start, numbered by frequency); the others stay exactly 0. The set is agreed
+right after the first collective (before the first evaluation when a pass came first). The
+tracker, checkpoints and the result get the weights over all features; a checkpoint also keeps
+the set (``lbfgs_active``), and the pairs, gradient and preconditioner in compact numbering.
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from solvers.active import ActiveFeatures
 from solvers.errors import DivergenceError
 from solvers.kernels.vector import dot, norm2
 from solvers.lbfgs_memory import LBFGSMemory
 from solvers.linesearch import strong_wolfe
+from solvers.objective import DistributedObjective
 from solvers.online import resumed_stop
 from solvers.registry import register_solver
 from solvers.run import TrainResult, TrainRun
@@ -47,7 +55,9 @@ def jacobi_inverse(hess_diag: np.ndarray) -> np.ndarray:
 @dataclass
 class LBFGSPhase:
     run: TrainRun
-    theta: np.ndarray  # float64 [β, b]
+    space: ActiveFeatures  # the phase works on the active features only (solvers.active)
+    objective: DistributedObjective  # over this rank's shard in compact numbering
+    theta: np.ndarray  # float64 [β over the active features, b]
     value: float
     grad: np.ndarray
     inv_diag: np.ndarray
@@ -57,15 +67,34 @@ class LBFGSPhase:
 
     @classmethod
     def start(cls, run: TrainRun, theta0: np.ndarray) -> LBFGSPhase:
-        ev = run.objective.evaluate(theta0, with_hessian=True)
-        ev.raise_if_not_finite("at the L-BFGS starting point")
-        return cls(run, theta0, ev.value, ev.grad, jacobi_inverse(ev.hess_diag),
-                   LBFGSMemory(run.params.lbfgs_memory, theta0.shape[0]), norm2(ev.grad), 1)
+        train = run.inputs.train
+        if run.inputs.agreed:  # a pass came first (hybrid): agree on the set, evaluate compact
+            space = ActiveFeatures.agree(run.comm, train, theta0)
+            objective = run.objective.restricted(space.remap(train))
+            theta = space.compact(theta0)
+            ev = objective.evaluate(theta, with_hessian=True)
+            ev.raise_if_not_finite("at the L-BFGS starting point")
+            grad, hess = ev.grad, ev.hess_diag
+        else:  # this evaluation is the first pass: the tree forms only after it
+            ev = run.objective.evaluate(theta0, with_hessian=True)
+            ev.raise_if_not_finite("at the L-BFGS starting point")
+            space = ActiveFeatures.agree(run.comm, train, theta0)
+            objective = run.objective.restricted(space.remap(train))
+            theta, grad, hess = space.compact(theta0), space.compact(ev.grad), space.compact(ev.hess_diag)
+        return cls(run, space, objective, theta, ev.value, grad, jacobi_inverse(hess),
+                   LBFGSMemory(run.params.lbfgs_memory, theta.shape[0]), norm2(grad), 1)
 
     @classmethod
     def restore(cls, run: TrainRun, saved: dict) -> LBFGSPhase:
-        theta = np.append(np.asarray(saved["weights"], dtype=np.float64), saved["intercept"])
-        return cls(run, theta, float(saved["lbfgs_f"]), np.array(saved["lbfgs_grad"], dtype=np.float64),
+        n = run.n_features
+        if "lbfgs_active" in saved:
+            space = ActiveFeatures(saved["lbfgs_active"], n)
+        else:  # written before the phase was compacted: every feature, in id order
+            space = ActiveFeatures.everything(n)
+        objective = run.objective.restricted(space.remap(run.inputs.train))
+        theta = space.compact(np.append(np.asarray(saved["weights"], dtype=np.float64), saved["intercept"]))
+        return cls(run, space, objective, theta, float(saved["lbfgs_f"]),
+                   np.array(saved["lbfgs_grad"], dtype=np.float64),
                    np.array(saved["lbfgs_inv_diag"], dtype=np.float64), LBFGSMemory.from_state(saved),
                    float(saved["lbfgs_grad0_norm"]))
 
@@ -79,7 +108,7 @@ class LBFGSPhase:
         return p, slope
 
     def _phi(self, p: np.ndarray):
-        objective = self.run.objective
+        objective = self.objective
 
         def phi(alpha: float):
             point = p * alpha
@@ -127,16 +156,16 @@ class LBFGSPhase:
     def _record(self, step: float | None, evals: int) -> float:
         grad_norm = norm2(self.grad)
         self.run.tracker.finish_pass(
-            "lbfgs", self.theta, objective=self.value, grad_norm=grad_norm, step=step,
+            "lbfgs", self.space.expand(self.theta), objective=self.value, grad_norm=grad_norm, step=step,
             evaluations=evals,
         )
         return grad_norm
 
     def checkpoint(self, stop_reason: str | None) -> None:
         arrays, scalars = self.memory.to_state()
-        arrays.update(lbfgs_grad=self.grad, lbfgs_inv_diag=self.inv_diag)
+        arrays.update(lbfgs_grad=self.grad, lbfgs_inv_diag=self.inv_diag, lbfgs_active=self.space.ids)
         scalars.update(lbfgs_f=self.value, lbfgs_grad0_norm=self.grad0_norm)
-        self.run.checkpoint("lbfgs", self.theta, stop_reason, arrays, scalars)
+        self.run.checkpoint("lbfgs", self.space.expand(self.theta), stop_reason, arrays, scalars)
 
     def run_until(self, last_pass: int) -> TrainResult:
         """Iterate until a stop reason or pass ``last_pass``; then finish the run."""
@@ -152,7 +181,7 @@ class LBFGSPhase:
             if stop is None and tracker.passes_done >= last_pass:
                 stop = "max_passes"
             self.checkpoint(stop)
-        return self.run.finish(self.theta, self.value, stop)
+        return self.run.finish(self.space.expand(self.theta), self.value, stop)
 
 
 def lbfgs_from(run: TrainRun, theta0: np.ndarray) -> TrainResult:
@@ -164,7 +193,7 @@ def lbfgs_resume(run: TrainRun) -> TrainResult:
     phase = LBFGSPhase.restore(run, run.resume)
     stop = resumed_stop(run)
     if stop:
-        return run.finish(phase.theta, phase.value, stop)
+        return run.finish(phase.space.expand(phase.theta), phase.value, stop)
     return phase.run_until(run.params.passes)
 
 

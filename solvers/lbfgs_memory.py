@@ -8,7 +8,8 @@ With pairs sᵢ = θᵢ₊₁ − θᵢ, yᵢ = ∇fᵢ₊₁ − ∇fᵢ, ρᵢ
     for i = oldest … newest:  βᵢ = ρᵢ·(yᵢ·r),  r ← r + (αᵢ − βᵢ)·sᵢ
     direction = −r  (≈ −H⁻¹·g)
 
-Pairs are stored as float32 (m·2·(d+1)·4 bytes: 0.5 GB for m = 15, d = 2²² instead of 1 GB);
+Pairs are stored as float32 (m·2·(d+1)·4 bytes over the d active features, see
+:mod:`solvers.active`: 0.5 GB for m = 15, d = 2²² instead of 1 GB);
 they only shape the search direction, while iterates and gradients stay float64. A pair is
 kept only if y·s > ε·y·y (curvature), computed on the stored float32 values. All reductions
 use :mod:`solvers.kernels.vector` (fixed order), so every rank computes the same direction.

@@ -11,6 +11,7 @@ after the AllReduce is identical on every rank (deterministic kernels on identic
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -80,6 +81,14 @@ class DistributedObjective:
         self.l2 = float(l2)
         self.on_rows = on_rows
         self.dim = inputs.n_features + 1
+
+    def restricted(self, shard: Shard) -> DistributedObjective:
+        """The same objective over ``shard``'s feature numbering (e.g. a compacted copy of this
+        rank's shard, see :mod:`solvers.active`): θ then has ``shard.n_features + 1`` entries."""
+        out = copy.copy(self)
+        out.shard = shard
+        out.dim = shard.n_features + 1
+        return out
 
     def penalty(self, theta: np.ndarray) -> float:
         """(λ/2)·‖β‖² (the intercept excluded)."""

@@ -1,0 +1,73 @@
+"""The L-BFGS phase's working space: the features that occur in some rank's data or are
+non-zero at the start, numbered by descending frequency over all ranks.
+
+A coordinate j that no row touches has ∂f/∂β_j = λ·β_j. Started at 0 it stays exactly 0 in
+every L-BFGS iterate: the direction is a linear combination of gradients and past steps, all 0
+there. So the phase runs on the active coordinates only. With hashed click features most of the
+2^bits buckets are empty (about 1.4M of 4.2M at 2M rows, bits 22), so its vectors, curvature
+pairs and AllReduce shrink by that factor. Numbering the features by frequency also puts the hot
+ones on a few cache lines, which speeds up the CSR pass (0.32 → 0.20 s on a 1M-row shard).
+
+The set is agreed with one float32 AllReduce of per-feature occurrence counts: exact below
+2^24, beyond that rounded, but a sum of positive counts never rounds to 0, and the rounded
+order is the same on every rank (AllReduce returns the same bytes everywhere), which is all the
+ordering needs. Every rank then orders the set the same way (count descending, id ascending).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from allreduce.communicator import Communicator
+from solvers.kernels.features import count_features, renumber
+from solvers.shard import Shard
+
+
+class ActiveFeatures:
+    """``ids[c]`` is the feature behind compact coordinate c; the intercept stays last."""
+
+    def __init__(self, ids: np.ndarray, n_features: int):
+        self.ids = np.asarray(ids, dtype=np.int64)
+        self.n_features = int(n_features)
+        self.position = np.full(self.n_features, -1, dtype=np.int32)
+        self.position[self.ids] = np.arange(self.ids.shape[0], dtype=np.int32)
+
+    @property
+    def size(self) -> int:
+        return int(self.ids.shape[0])
+
+    @classmethod
+    def agree(cls, comm: Communicator, shard: Shard, theta0: np.ndarray) -> ActiveFeatures:
+        """The set over all ranks (one AllReduce); ``theta0`` is the same on every rank."""
+        n = shard.n_features
+        counts = np.zeros(n, dtype=np.uint32)
+        count_features(shard.indices, counts)
+        total = comm.allreduce(counts.astype(np.float32))
+        ids = np.flatnonzero((total > 0.0) | (theta0[:-1] != 0.0))
+        order = np.argsort(-total[ids], kind="stable")  # ids ascending: ties stay in id order
+        return cls(ids[order], n)
+
+    @classmethod
+    def everything(cls, n_features: int) -> ActiveFeatures:
+        """Every feature in id order (a checkpoint written before the phase was compacted)."""
+        return cls(np.arange(n_features, dtype=np.int64), n_features)
+
+    def compact(self, theta: np.ndarray) -> np.ndarray:
+        """[β, b] over all features -> [β over the active ones, b]."""
+        return np.append(theta[self.ids], theta[-1])
+
+    def expand(self, theta: np.ndarray) -> np.ndarray:
+        """The inverse of :meth:`compact`; inactive features get 0."""
+        out = np.zeros(self.n_features + 1, dtype=np.float64)
+        out[self.ids] = theta[:-1]
+        out[-1] = theta[-1]
+        return out
+
+    def remap(self, shard: Shard) -> Shard:
+        """The shard with its feature indices in compact numbering (a new index array)."""
+        indices = np.empty_like(shard.indices, dtype=np.int32)
+        if renumber(shard.indices, self.position, indices) < 0:
+            raise ValueError("the shard holds a feature outside the agreed active set")
+        return dataclasses.replace(shard, indices=indices, n_features=self.size)

@@ -1,0 +1,113 @@
+"""The L-BFGS phase's active feature set (solvers.active): agreed over ranks, ordered by count
+then id, exact compaction (features outside it stay exactly 0), and checkpoints with and
+without the set."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from solvers.active import ActiveFeatures
+from solvers.api import SolverParams
+from solvers.data import CSRData
+from solvers.shard import Shard
+from tests.allreduce.harness import run_tree
+from tests.solvers.helpers import TREE_NODE_KWARGS, keep, planted_problem, train_local
+
+
+def _rows(rows: list[list[int]], n_features: int) -> CSRData:
+    indptr = np.cumsum([0] + [len(r) for r in rows]).astype(np.int64)
+    indices = np.array([j for r in rows for j in r], dtype=np.int32)
+    n = len(rows)
+    return CSRData(indptr, indices, np.ones(indices.size, np.float32), np.zeros(n, np.float32),
+                   np.ones(n, np.float32), n_features)
+
+
+def test_set_is_agreed_over_ranks_and_ordered_by_count_then_id():
+    # totals: feature 2 -> 4, 5 -> 3, 7 -> 2, 9 -> 1, 1 -> 1; 4 only in the starting point
+    shards = [_rows([[2, 7], [2, 5], [2, 7]], 12), _rows([[5, 9], [5, 2], [], [1]], 12)]
+    theta0 = np.zeros(13)
+    theta0[4] = 0.5
+    theta0[-1] = 3.0  # the intercept is never a member: it stays last
+
+    def body(node):
+        return ActiveFeatures.agree(node, Shard.from_csr(shards[node.rank]), theta0).ids
+
+    ids = run_tree(2, body, node_kwargs=TREE_NODE_KWARGS, timeout=60.0).results
+    assert [list(i) for i in ids] == [[2, 5, 7, 1, 9, 4]] * 2
+
+
+def test_compact_expand_and_remap():
+    space = ActiveFeatures(np.array([6, 0, 3]), 8)
+    theta = np.arange(9, dtype=np.float64) + 1.0
+    np.testing.assert_array_equal(space.compact(theta), [7.0, 1.0, 4.0, 9.0])
+    np.testing.assert_array_equal(space.expand(space.compact(theta)), [1, 0, 0, 4, 0, 0, 7, 0, 9])
+    shard = Shard.from_csr(_rows([[0, 3], [6], [3, 6, 0]], 8))
+    small = space.remap(shard)
+    assert small.n_features == 3 and small.indices.dtype == np.int32
+    np.testing.assert_array_equal(small.indices, [1, 2, 0, 2, 0, 1])
+    np.testing.assert_array_equal(small.indptr, shard.indptr)
+    with pytest.raises(ValueError, match="outside the agreed active set"):
+        space.remap(Shard.from_csr(_rows([[0, 5]], 8)))
+
+
+def _embedded(data: CSRData, n_features: int, seed: int) -> tuple[CSRData, np.ndarray]:
+    """The same rows with feature j renamed to emb[j] (increasing) in a larger space."""
+    rng = np.random.default_rng(seed)
+    emb = np.sort(rng.choice(n_features, data.n_features, replace=False))
+    return CSRData(data.indptr, emb[data.indices].astype(np.int32), data.values, data.labels,
+                   data.weights, n_features), emb
+
+
+@pytest.mark.parametrize("solver", ["lbfgs", "hybrid"])
+def test_empty_buckets_change_nothing_and_stay_zero(solver):
+    """L-BFGS runs on the features that occur: spreading them over 64x more buckets (in the same
+    id order) gives the same weights bit for bit, and exact zeros in the empty buckets."""
+    data = planted_problem(n=500, d=40, seed=61)
+    big, emb = _embedded(data, 40 * 64, seed=62)
+    params = SolverParams(solver=solver, l2=1e-3, passes=12, tol=1e-12)
+    small_res, big_res = train_local(data, params), train_local(big, params)
+    assert big_res.weights[emb].tobytes() == small_res.weights.tobytes()
+    rest = np.ones(big.n_features, bool)
+    rest[emb] = False
+    assert not big_res.weights[rest].any()
+    assert big_res.intercept == small_res.intercept and big_res.objective == small_res.objective
+
+
+def test_a_warm_start_outside_the_data_is_shrunk_to_the_optimum():
+    """A feature with no rows but a non-zero initial weight is in the set, and L-BFGS drives it
+    to its optimum 0 (the penalty is its only term)."""
+    data = planted_problem(n=400, d=30, seed=63)
+    big = CSRData(data.indptr, data.indices, data.values, data.labels, data.weights, 32)
+    init = (np.r_[np.zeros(30), 0.0, 2.5], 0.0)
+    params = SolverParams(solver="lbfgs", l2=1e-2, passes=100, tol=1e-10)
+    res = train_local(big, params, init=init)
+    cold = train_local(big, params)
+    assert abs(res.weights[31]) < 1e-5 and res.weights[30] == 0.0
+    assert res.objective == pytest.approx(cold.objective, rel=1e-9)
+
+
+def test_a_checkpoint_without_the_set_resumes_over_every_feature():
+    """A state written before the phase was compacted (pairs over all features in id order, no
+    ``lbfgs_active``) resumes and ends at the uninterrupted run's optimum."""
+    data = planted_problem(n=400, d=30, seed=64)
+    big, emb = _embedded(data, 48, seed=65)
+    params = SolverParams(solver="lbfgs", l2=1e-3, passes=40, tol=1e-12)
+    states = []
+    full = train_local(big, params, on_pass_end=keep(states))
+    old = dict(states[4])
+    ids = old.pop("lbfgs_active")
+
+    def widen(compact: np.ndarray, fill: float) -> np.ndarray:
+        out = np.full(compact.shape[:-1] + (big.n_features + 1,), fill, dtype=compact.dtype)
+        out[..., ids] = compact[..., :-1]
+        out[..., -1] = compact[..., -1]
+        return out
+
+    old["lbfgs_S"], old["lbfgs_Y"] = widen(old["lbfgs_S"], 0.0), widen(old["lbfgs_Y"], 0.0)
+    old["lbfgs_grad"] = widen(old["lbfgs_grad"], 0.0)
+    old["lbfgs_inv_diag"] = widen(old["lbfgs_inv_diag"], 1.0 / params.l2)
+    resumed = train_local(big, params, resume=old)
+    assert resumed.objective == pytest.approx(full.objective, rel=1e-10)
+    np.testing.assert_allclose(resumed.weights, full.weights, atol=1e-5)
+    assert not np.delete(resumed.weights, emb).any()
