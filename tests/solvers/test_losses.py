@@ -113,6 +113,7 @@ def test_invariant_step_small_weight_is_a_gradient_step(loss_id):
 @example(z=700.0, hk=1e-300)
 @example(z=-30.0, hk=5e-324)
 @example(z=20.0, hk=1e6)
+@example(z=165.0, hk=4.315791136783749e-243)  # δ ≈ 9e-315 is subnormal: 1e-10 resolution
 def test_logistic_delta_solves_its_equation(z, hk):
     ez = math.exp(z)
     d = logistic_invariant_delta(z, ez, hk)
@@ -122,4 +123,5 @@ def test_logistic_delta_solves_its_equation(z, hk):
         a_exp = math.exp(z + d)
         residual = d + (a_exp - ez if d >= 0.5 else ez * math.expm1(d)) - hk
         scale = d * (1.0 + a_exp)  # |∂/∂δ|·δ: the residual of a 1e-12-relative δ
-        assert abs(residual) <= 1e-10 * scale + 1e-12 * hk + 1e-300
+        spacing = (1.0 + a_exp) * 5e-324  # the residual of one subnormal step of δ
+        assert abs(residual) <= 1e-10 * scale + 1e-12 * hk + 2.0 * spacing + 1e-300
