@@ -1,5 +1,7 @@
-"""The L-BFGS phase's working space: the features that occur in some rank's data or are
-non-zero at the start, numbered by descending frequency over all ranks.
+"""Working spaces of the features that occur: the L-BFGS phase's (the features in some rank's
+data or non-zero at the start, numbered by descending frequency over all ranks, :meth:`agree`)
+and the dual CoCoA local solver's (one shard's own features by frequency in it,
+:meth:`of_indices`, no collective).
 
 A coordinate j that no row touches has ∂f/∂β_j = λ·β_j. Started at 0 it stays exactly 0 in
 every L-BFGS iterate: the direction is a linear combination of gradients and past steps, all 0
@@ -50,6 +52,14 @@ class ActiveFeatures:
         return cls(ids[order], n)
 
     @classmethod
+    def of_indices(cls, indices: np.ndarray, n_features: int) -> ActiveFeatures:
+        """The features of one shard alone (no collective), by count in it, then id."""
+        counts = np.zeros(n_features, dtype=np.uint32)
+        count_features(indices, counts)
+        ids = np.flatnonzero(counts)
+        return cls(ids[np.argsort(-counts[ids].astype(np.int64), kind="stable")], n_features)
+
+    @classmethod
     def everything(cls, n_features: int) -> ActiveFeatures:
         """Every feature in id order (a checkpoint written before the phase was compacted)."""
         return cls(np.arange(n_features, dtype=np.int64), n_features)
@@ -61,13 +71,21 @@ class ActiveFeatures:
     def expand(self, theta: np.ndarray) -> np.ndarray:
         """The inverse of :meth:`compact`; inactive features get 0."""
         out = np.zeros(self.n_features + 1, dtype=np.float64)
+        self.scatter(theta, out)
+        return out
+
+    def scatter(self, theta: np.ndarray, out: np.ndarray) -> None:
+        """out[ids] = θ[:-1] and out[-1] = θ[-1]; the other entries of ``out`` are kept."""
         out[self.ids] = theta[:-1]
         out[-1] = theta[-1]
+
+    def renumbered(self, indices: np.ndarray) -> np.ndarray:
+        """Feature indices (int32) in compact numbering, as a new array."""
+        out = np.empty(indices.shape, dtype=np.int32)
+        if renumber(indices, self.position, out) < 0:
+            raise ValueError("the shard holds a feature outside the agreed active set")
         return out
 
     def remap(self, shard: Shard) -> Shard:
         """The shard with its feature indices in compact numbering (a new index array)."""
-        indices = np.empty_like(shard.indices, dtype=np.int32)
-        if renumber(shard.indices, self.position, indices) < 0:
-            raise ValueError("the shard holds a feature outside the agreed active set")
-        return dataclasses.replace(shard, indices=indices, n_features=self.size)
+        return dataclasses.replace(shard, indices=self.renumbered(shard.indices), n_features=self.size)

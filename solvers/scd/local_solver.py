@@ -20,6 +20,7 @@ import contextlib
 import numba
 import numpy as np
 
+from solvers.active import ActiveFeatures
 from solvers.data import CSRData
 from solvers.scd.dual_kernels import (
     dual_epoch,
@@ -74,22 +75,39 @@ class _Schedule:
 
 class DualLocalSolver:
     """SDCA epochs on one example shard: updates a copy of alpha and a replica u of the shared
-    vector w (length n_features + 1); ``scale = sigma / (lam N)``."""
+    vector w (length n_features + 1); ``scale = sigma / (lam N)``.
+
+    The epochs run on the shard's own features only, renumbered by frequency in the shard
+    (:meth:`solvers.active.ActiveFeatures.of_indices`): the hot features share a few cache
+    lines, and u, the replicas and the gap's (w, u) pairs shrink to the features that occur.
+    Renaming changes no sum (each row keeps its order of non-zeros), so alpha and u are the same
+    bits as over all features; features the shard lacks keep u = w.
+    """
 
     def __init__(self, data: CSRData, loss: int, lam: float, n_weight: float, bias_scale: float,
                  threads: int = 1, bucket_size: int = 8) -> None:
         self.d = data
+        self.space = ActiveFeatures.of_indices(data.indices, data.n_features)
+        self.indices = self.space.renumbered(data.indices)
+        dim = self.space.size + 1
         self.loss = loss
         self.lam_n = lam * n_weight
         self.bias_scale = float(bias_scale)
-        self.bias_index = data.n_features
+        self.bias_index = self.space.size
         self.sqn = row_sq_norms(data.indptr, data.values, self.bias_scale)
         self.schedule = _Schedule(data.n_rows, threads, bucket_size)
         self.alpha = np.zeros(data.n_rows)
-        self.u = np.zeros(data.n_features + 1)
+        self.u = np.zeros(dim)
+        self.u_full = np.zeros(data.n_features + 1)  # u over all features, what callers get
         # thread-local replicas (column 1) beside a copy of u (column 0), see dual_epoch_buckets
-        self.replicas = np.zeros((threads, data.n_features + 1, 2)) if threads > 1 else None
-        self.wu: np.ndarray | None = None  # (n_features + 1, 2) of solve_with_gap, made on first use
+        self.replicas = np.zeros((threads, dim, 2)) if threads > 1 else None
+        self.wu: np.ndarray | None = None  # (dim, 2) of solve_with_gap, made on first use
+
+    def _result(self, w: np.ndarray) -> np.ndarray:
+        """u over all features: w where the shard has no feature."""
+        np.copyto(self.u_full, w)
+        self.space.scatter(self.u, self.u_full)
+        return self.u_full
 
     def solve_with_gap(self, alpha: np.ndarray, w: np.ndarray, sigma: float, epochs: int,
                        seed: int, rank: int, round_index: int
@@ -99,36 +117,37 @@ class DualLocalSolver:
         by a separate pass. The same orders and steps as ``solve``: the same alpha and u."""
         np.copyto(self.alpha, alpha)
         d, s = self.d, self.schedule
+        w_local = self.space.compact(w)
         if self.replicas is not None:
-            np.copyto(self.u, w)
+            np.copyto(self.u, w_local)
             sums = self._threaded_epoch(sigma, s.order(epoch_rng(seed, rank, round_index, 0)), True)
         else:
             if self.wu is None:
-                self.wu = np.empty((d.n_features + 1, 2))
-            self.wu[:, 0] = w
-            self.wu[:, 1] = w
-            sums = dual_epoch_with_gap(d.indptr, d.indices, d.values, d.labels, d.weights,
+                self.wu = np.empty((self.u.shape[0], 2))
+            self.wu[:, 0] = w_local
+            self.wu[:, 1] = w_local
+            sums = dual_epoch_with_gap(d.indptr, self.indices, d.values, d.labels, d.weights,
                                        self.sqn, self.alpha, self.wu,
                                        s.order(epoch_rng(seed, rank, round_index, 0)), self.loss,
                                        sigma / self.lam_n, self.bias_scale, self.bias_index)
-            np.copyto(self.u, self.wu[:, 1])  # later epochs (and the caller) use the contiguous u
+            np.copyto(self.u, self.wu[:, 1])  # later epochs use the contiguous u
         self._epochs(sigma, range(1, epochs), seed, rank, round_index)
-        return self.alpha, self.u, sums
+        return self.alpha, self._result(w), sums
 
     def solve(self, alpha: np.ndarray, w: np.ndarray, sigma: float, epochs: int,
               seed: int, rank: int, round_index: int) -> tuple[np.ndarray, np.ndarray]:
         """-> (alpha after the epochs, u = w + sigma dw_local); both are this solver's buffers."""
         np.copyto(self.alpha, alpha)
-        np.copyto(self.u, w)
+        np.copyto(self.u, self.space.compact(w))
         self._epochs(sigma, range(epochs), seed, rank, round_index)
-        return self.alpha, self.u
+        return self.alpha, self._result(w)
 
     def _epochs(self, sigma: float, epochs: range, seed: int, rank: int, round_index: int) -> None:
         d, s = self.d, self.schedule
         for e in epochs:
             order = s.order(epoch_rng(seed, rank, round_index, e))
             if self.replicas is None:
-                dual_epoch(d.indptr, d.indices, d.values, d.labels, d.weights, self.sqn, self.alpha,
+                dual_epoch(d.indptr, self.indices, d.values, d.labels, d.weights, self.sqn, self.alpha,
                            self.u, order, self.loss, sigma / self.lam_n, self.bias_scale,
                            self.bias_index)
             else:
@@ -138,7 +157,7 @@ class DualLocalSolver:
                         with_gap: bool) -> tuple[float, float]:
         d, s = self.d, self.schedule
         with numba_threads(s.threads):
-            return dual_epoch_buckets(d.indptr, d.indices, d.values, d.labels, d.weights,
+            return dual_epoch_buckets(d.indptr, self.indices, d.values, d.labels, d.weights,
                                       self.sqn, self.alpha, self.u, bucket_order, s.bucket_size,
                                       self.replicas, self.loss, sigma * s.threads / self.lam_n,
                                       self.bias_scale, self.bias_index, with_gap)
