@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from solvers.active import ActiveFeatures
-from solvers.errors import DivergenceError
+from solvers.errors import DivergenceError, InvalidInputError
 from solvers.kernels.vector import dot, norm2
 from solvers.lbfgs_memory import LBFGSMemory
 from solvers.linesearch import strong_wolfe
@@ -75,13 +75,16 @@ class LBFGSPhase:
             ev = objective.evaluate(theta, with_hessian=True)
             ev.raise_if_not_finite("at the L-BFGS starting point")
             grad, hess = ev.grad, ev.hess_diag
+            value = ev.value
         else:  # this evaluation is the first pass: the tree forms only after it
             ev = run.objective.evaluate(theta0, with_hessian=True)
             ev.raise_if_not_finite("at the L-BFGS starting point")
             space = ActiveFeatures.agree(run.comm, train, theta0)
             objective = run.objective.restricted(space.remap(train))
             theta, grad, hess = space.compact(theta0), space.compact(ev.grad), space.compact(ev.hess_diag)
-        return cls(run, space, objective, theta, ev.value, grad, jacobi_inverse(hess),
+            # the penalty summed in compact order, as every later value (and a resumed run) has it
+            value = ev.loss_term + objective.penalty(theta)
+        return cls(run, space, objective, theta, value, grad, jacobi_inverse(hess),
                    LBFGSMemory(run.params.lbfgs_memory, theta.shape[0]), norm2(grad), 1)
 
     @classmethod
@@ -89,9 +92,21 @@ class LBFGSPhase:
         n = run.n_features
         if "lbfgs_active" in saved:
             space = ActiveFeatures(saved["lbfgs_active"], n)
-        else:  # written before the phase was compacted: every feature, in id order
+        else:  # a version-1 state: every feature, in id order
             space = ActiveFeatures.everything(n)
-        objective = run.objective.restricted(space.remap(run.inputs.train))
+        try:
+            shard = space.remap(run.inputs.train)
+        except ValueError:
+            problem = InvalidInputError(
+                f"rank {run.comm.rank}: resume state: this rank's training rows hold features "
+                "outside the state's active set (lbfgs_active): they differ from the rows of the "
+                "run that wrote it"
+            )
+            if not run.inputs.agreed:  # every rank raises at the agreement, none is left waiting
+                run.inputs.problem = problem
+                run.inputs.agree(run.comm.inner)
+            raise problem from None
+        objective = run.objective.restricted(shard)
         theta = space.compact(np.append(np.asarray(saved["weights"], dtype=np.float64), saved["intercept"]))
         return cls(run, space, objective, theta, float(saved["lbfgs_f"]),
                    np.array(saved["lbfgs_grad"], dtype=np.float64),

@@ -60,6 +60,7 @@ class Evaluation:
     hess_diag: np.ndarray | None  # diag ∇²f(θ) when asked for
     finite: bool  # False if any rank hit a non-finite margin/loss, or f / ∇f are not finite
     local_problem: str | None  # this rank's own problem, for error messages
+    loss_term: float  # (1/W)·Σ wᵢℓᵢ: f(θ) without the penalty
 
     def raise_if_not_finite(self, where: str) -> None:
         if not self.finite:
@@ -112,13 +113,14 @@ class DistributedObjective:
         with np.errstate(invalid="ignore", over="ignore"):  # non-finite values are reported below
             g = tot[:d1] * inv_w
             g[:-1] += self.l2 * theta[:-1]
-            value = float(tot[-2]) * inv_w + self.penalty(theta)
+            loss_term = float(tot[-2]) * inv_w
+            value = loss_term + self.penalty(theta)
             h = None
             if with_hessian:
                 h = tot[d1 : 2 * d1] * inv_w
                 h[:-1] += self.l2
         finite = tot[-1] == 0.0 and np.isfinite(value) and bool(np.isfinite(g).all())
-        return Evaluation(value, g, h, bool(finite), problem)
+        return Evaluation(value, g, h, bool(finite), problem, loss_term)
 
     def value(self, theta: np.ndarray) -> float:
         """f(θ) alone: a loss-only pass and one scalar AllReduce; raises if not finite."""

@@ -25,7 +25,11 @@ import numpy as np
 
 from solvers.params import SolverParams
 
-STATE_VERSION = 1
+#: 2: the L-BFGS phase's arrays (``lbfgs_S``/``lbfgs_Y``/``lbfgs_grad``/``lbfgs_inv_diag``) are
+#: over its active features (``lbfgs_active``, see :mod:`solvers.active`); 1: over all features
+#: in id order, still accepted. A build that knows only 1 refuses a version-2 state.
+STATE_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 #: Parameters a resumed run must share with the run that wrote the state (the others, e.g.
 #: passes, tol and early_stop_passes, may change).
@@ -62,8 +66,8 @@ def copy_state(state: dict[str, Any]) -> dict[str, Any]:
 
 def check_resume(state: dict[str, Any], params: SolverParams, n_features: int) -> None:
     """Raise ValueError naming the first key that makes ``state`` unusable for this run."""
-    if state.get("version") != STATE_VERSION:
-        raise ValueError(f"resume state: version = {state.get('version')!r}: must be {STATE_VERSION}")
+    if state.get("version") not in _READABLE_VERSIONS:
+        raise ValueError(f"resume state: version = {state.get('version')!r}: must be one of {_READABLE_VERSIONS}")
     if int(state["n_features"]) != n_features:
         raise ValueError(
             f"resume state: n_features = {state['n_features']}: the data has {n_features}"

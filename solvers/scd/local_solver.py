@@ -75,7 +75,7 @@ class _Schedule:
 
 class DualLocalSolver:
     """SDCA epochs on one example shard: updates a copy of alpha and a replica u of the shared
-    vector w (length n_features + 1); ``scale = sigma / (lam N)``.
+    vector w; ``scale = sigma / (lam N)``. Callers pass w and get u with n_features + 1 entries.
 
     The epochs run on the shard's own features only, renumbered by frequency in the shard
     (:meth:`solvers.active.ActiveFeatures.of_indices`): the hot features share a few cache

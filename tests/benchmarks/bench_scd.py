@@ -183,15 +183,16 @@ def thread_speedup(data: CSRData) -> dict:
     seq = DualLocalSolver(data, LOGISTIC, L2, float(n), 1.0, threads=1)
     bucket = CocoaParams().bucket_size
     par = DualLocalSolver(data, LOGISTIC, L2, float(n), 1.0, threads=2, bucket_size=bucket)
-    one = np.zeros((1, d + 1, 2))
+    m = par.space.size  # the same renumbered features as the solvers use
+    one = np.zeros((1, m + 1, 2))
 
     def bucketed_one_partition(r: int) -> None:
-        a, u = alpha.copy(), w.copy()
+        a, u = alpha.copy(), np.zeros(m + 1)
         order = np.random.default_rng(r).permutation(par.schedule.n_buckets)
         with numba_threads(1):
-            dual_epoch_buckets(data.indptr, data.indices, data.values, data.labels, data.weights,
-                               par.sqn, a, u, order, bucket, one, LOGISTIC, 1.0 / (L2 * n), 1.0, d,
-                               False)
+            dual_epoch_buckets(data.indptr, par.indices, data.values, data.labels, data.weights,
+                               par.sqn, a, u, order, bucket, one, LOGISTIC, 1.0 / (L2 * n), 1.0,
+                               par.bias_index, False)
 
     epoch = {
         "sequential_s": _epoch_seconds(lambda r: seq.solve(alpha, w, 1.0, 1, 0, 0, r)),

@@ -7,10 +7,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from allreduce.communicator import LocalCommunicator
 from solvers.active import ActiveFeatures
 from solvers.api import SolverParams
 from solvers.data import CSRData
+from solvers.errors import InvalidInputError
+from solvers.kernels.losses import LOSS_IDS
+from solvers.lbfgs import LBFGSPhase
+from solvers.objective import DistributedObjective
+from solvers.run import TrainRun
+from solvers.setup import AgreeingCommunicator, Inputs
 from solvers.shard import Shard
+from solvers.state import check_resume
+from solvers.tracker import PassTracker
 from tests.allreduce.harness import run_tree
 from tests.solvers.helpers import TREE_NODE_KWARGS, keep, planted_problem, train_local
 
@@ -95,7 +104,7 @@ def test_a_checkpoint_without_the_set_resumes_over_every_feature():
     params = SolverParams(solver="lbfgs", l2=1e-3, passes=40, tol=1e-12)
     states = []
     full = train_local(big, params, on_pass_end=keep(states))
-    old = dict(states[4])
+    old = dict(states[4], version=1)
     ids = old.pop("lbfgs_active")
 
     def widen(compact: np.ndarray, fill: float) -> np.ndarray:
@@ -111,3 +120,61 @@ def test_a_checkpoint_without_the_set_resumes_over_every_feature():
     assert resumed.objective == pytest.approx(full.objective, rel=1e-10)
     np.testing.assert_allclose(resumed.weights, full.weights, atol=1e-5)
     assert not np.delete(resumed.weights, emb).any()
+
+
+def _lbfgs_run(data: CSRData, params: SolverParams, agreed: bool) -> TrainRun:
+    """What ``train`` hands a solver, with the input agreement done already or not."""
+    comm = LocalCommunicator()
+    inputs = Inputs(0, data, None, params.loss)
+    solver_comm = AgreeingCommunicator(comm, inputs)
+    if agreed:
+        inputs.agree(comm)
+    loss_id = LOSS_IDS[params.loss]
+    return TrainRun(solver_comm, params, inputs, loss_id,
+                    DistributedObjective(inputs, solver_comm, loss_id, params.l2),
+                    PassTracker(solver_comm, inputs, loss_id, 0))
+
+
+def test_the_starting_point_is_the_same_whether_or_not_a_pass_came_first():
+    """The start evaluated before the set is agreed (first pass) or after it (hybrid) gives the
+    same bits: f with the penalty summed in compact order, the gradient and the preconditioner.
+    A resumed hybrid run starts its L-BFGS phase on the first branch, the uninterrupted one on
+    the second."""
+    params = SolverParams(solver="lbfgs", l2=0.3)
+    for seed in range(10):
+        data, _ = _embedded(planted_problem(n=200, d=120, seed=70 + seed), 400, seed=seed)
+        theta0 = np.zeros(data.n_features + 1)
+        rng = np.random.default_rng(seed)
+        theta0[np.unique(data.indices)] = rng.normal(size=np.unique(data.indices).size)
+        theta0[-1] = 0.25
+        first, later = (LBFGSPhase.start(_lbfgs_run(data, params, agreed), theta0) for agreed in (False, True))
+        assert first.value == later.value, seed
+        assert first.grad.tobytes() == later.grad.tobytes()
+        assert first.inv_diag.tobytes() == later.inv_diag.tobytes()
+        assert first.space.ids.tobytes() == later.space.ids.tobytes()
+
+
+def test_resuming_on_rows_with_features_outside_the_saved_set_is_refused():
+    data = planted_problem(n=300, d=30, seed=66)
+    big = CSRData(data.indptr, data.indices, data.values, data.labels, data.weights, 40)
+    params = SolverParams(solver="lbfgs", l2=1e-3, passes=6)
+    states = []
+    train_local(big, params, on_pass_end=keep(states))
+    changed = big.indices.copy()
+    changed[5] = 35  # a feature the run that wrote the state never saw
+    other = CSRData(big.indptr, changed, big.values, big.labels, big.weights, 40)
+    with pytest.raises(InvalidInputError, match=r"rank 0: resume state: this rank's training rows hold "
+                                                r"features outside the state's active set"):
+        train_local(other, params, resume=states[2])
+
+
+def test_check_resume_reads_both_state_versions():
+    data = planted_problem(n=100, d=10, seed=67)
+    params = SolverParams(solver="lbfgs", l2=1e-3, passes=2)
+    states = []
+    train_local(data, params, on_pass_end=keep(states))
+    assert states[-1]["version"] == 2
+    for version in (1, 2):
+        check_resume({**states[-1], "version": version}, params, 10)
+    with pytest.raises(ValueError, match=r"resume state: version = 3: must be one of \(1, 2\)"):
+        check_resume({**states[-1], "version": 3}, params, 10)
