@@ -33,6 +33,8 @@ from numba import njit, prange
 from solvers.kernels.prefetch import prefetch_row
 from solvers.scd.losses import SQUARED, dual_step, dual_value, primal_loss, sign_label
 
+ROW_AHEAD = 8  # rows between prefetching a row's data and its step (about one bucket)
+
 
 @njit(cache=True, nogil=True)
 def row_sq_norms(indptr, values, bias_scale):
@@ -76,11 +78,38 @@ def _prefetch_features(i, indptr, indices, table):
 
 
 @njit(cache=True, nogil=True)
+def _prefetch_row_data(r, indptr, indices, values, labels, weights, sqn, alpha):
+    """Start loading what the step of row r reads first: its non-zeros, label, weight, norm and
+    dual variable (``indptr[r]`` itself is read here). Rows come in shuffled buckets, so each
+    bucket starts with cache and TLB misses in every per-row array. A hint: no value changes."""
+    a = indptr[r]
+    prefetch_row(indices, a)
+    prefetch_row(values, a)
+    prefetch_row(labels, r)
+    prefetch_row(weights, r)
+    prefetch_row(sqn, r)
+    prefetch_row(alpha, r)
+
+
+@njit(cache=True, nogil=True)
+def _prefetch_ahead(j, order, indptr, indices, values, labels, weights, sqn, alpha):
+    """Before the step of ``order[j]``: the row data of ``order[j + ROW_AHEAD]`` and the
+    ``indptr`` entry of ``order[j + 2 ROW_AHEAD]``."""
+    m = order.shape[0]
+    if j + 2 * ROW_AHEAD < m:
+        prefetch_row(indptr, order[j + 2 * ROW_AHEAD])
+    if j + ROW_AHEAD < m:
+        _prefetch_row_data(order[j + ROW_AHEAD], indptr, indices, values, labels, weights, sqn,
+                           alpha)
+
+
+@njit(cache=True, nogil=True)
 def dual_epoch(indptr, indices, values, labels, weights, sqn, alpha, u, order, loss, scale,
                bias_scale, bias_index):
     """One sequential epoch over the rows in ``order`` (the reference solver)."""
     m = order.shape[0]
     for j in range(m):
+        _prefetch_ahead(j, order, indptr, indices, values, labels, weights, sqn, alpha)
         if j + 1 < m:
             _prefetch_features(order[j + 1], indptr, indices, u)
         _step_row(order[j], indptr, indices, values, labels, weights, sqn, alpha, u, loss, scale,
@@ -128,6 +157,7 @@ def dual_epoch_with_gap(indptr, indices, values, labels, weights, sqn, alpha, wu
     acc = np.zeros(2)
     m = order.shape[0]
     for j in range(m):
+        _prefetch_ahead(j, order, indptr, indices, values, labels, weights, sqn, alpha)
         if j + 1 < m:
             _prefetch_features(order[j + 1], indptr, indices, wu)
         _step_row_with_gap(order[j], indptr, indices, values, labels, weights, sqn, alpha, wu,
@@ -173,6 +203,11 @@ def dual_epoch_buckets(indptr, indices, values, labels, weights, sqn, alpha, u, 
         for j in range(p * nb // n_parts, last):
             start = bucket_order[j] * bucket_size
             stop = min(start + bucket_size, n)
+            if j + 2 < last:  # the bucket after next: its indptr entry
+                prefetch_row(indptr, bucket_order[j + 2] * bucket_size)
+            if j + 1 < last:
+                _prefetch_row_data(bucket_order[j + 1] * bucket_size, indptr, indices, values,
+                                   labels, weights, sqn, alpha)
             for i in range(start, stop):
                 if i + 1 < stop:
                     _prefetch_features(i + 1, indptr, indices, rep)
