@@ -28,7 +28,7 @@ the set (``lbfgs_active``), and the pairs, gradient and preconditioner in compac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -64,6 +64,14 @@ class LBFGSPhase:
     memory: LBFGSMemory
     grad0_norm: float
     pending_evals: int = 0  # evaluations not yet attributed to a pass (the start)
+    _full: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
+
+    def full_theta(self) -> np.ndarray:
+        """θ over all features (for the tracker, the checkpoint and the result), expanded once
+        per iterate: ``theta`` is replaced by a new array at every step, never written to."""
+        if self._full is None or self._full[0] is not self.theta:
+            self._full = (self.theta, self.space.expand(self.theta))
+        return self._full[1]
 
     @classmethod
     def start(cls, run: TrainRun, theta0: np.ndarray) -> LBFGSPhase:
@@ -171,7 +179,7 @@ class LBFGSPhase:
     def _record(self, step: float | None, evals: int) -> float:
         grad_norm = norm2(self.grad)
         self.run.tracker.finish_pass(
-            "lbfgs", self.space.expand(self.theta), objective=self.value, grad_norm=grad_norm, step=step,
+            "lbfgs", self.full_theta(), objective=self.value, grad_norm=grad_norm, step=step,
             evaluations=evals,
         )
         return grad_norm
@@ -180,7 +188,7 @@ class LBFGSPhase:
         arrays, scalars = self.memory.to_state()
         arrays.update(lbfgs_grad=self.grad, lbfgs_inv_diag=self.inv_diag, lbfgs_active=self.space.ids)
         scalars.update(lbfgs_f=self.value, lbfgs_grad0_norm=self.grad0_norm)
-        self.run.checkpoint("lbfgs", self.space.expand(self.theta), stop_reason, arrays, scalars)
+        self.run.checkpoint("lbfgs", self.full_theta(), stop_reason, arrays, scalars)
 
     def run_until(self, last_pass: int) -> TrainResult:
         """Iterate until a stop reason or pass ``last_pass``; then finish the run."""
@@ -196,7 +204,7 @@ class LBFGSPhase:
             if stop is None and tracker.passes_done >= last_pass:
                 stop = "max_passes"
             self.checkpoint(stop)
-        return self.run.finish(self.space.expand(self.theta), self.value, stop)
+        return self.run.finish(self.full_theta(), self.value, stop)
 
 
 def lbfgs_from(run: TrainRun, theta0: np.ndarray) -> TrainResult:
@@ -208,7 +216,7 @@ def lbfgs_resume(run: TrainRun) -> TrainResult:
     phase = LBFGSPhase.restore(run, run.resume)
     stop = resumed_stop(run)
     if stop:
-        return run.finish(phase.space.expand(phase.theta), phase.value, stop)
+        return run.finish(phase.full_theta(), phase.value, stop)
     return phase.run_until(run.params.passes)
 
 

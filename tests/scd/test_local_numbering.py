@@ -20,15 +20,11 @@ def _spread(data: CSRData, factor: int, seed: int) -> CSRData:
     """The rows with feature j renamed to a random distinct id in a ``factor``x larger space."""
     rng = np.random.default_rng(seed)
     emb = rng.choice(data.n_features * factor, data.n_features, replace=False).astype(np.int32)
-    indices = emb[data.indices]
+    indices, values = emb[data.indices], data.values.copy()
     for r in range(data.n_rows):  # keep each row's ids sorted (the CSR contract)
         a, b = data.indptr[r], data.indptr[r + 1]
         order = np.argsort(indices[a:b])
-        indices[a:b] = indices[a:b][order]
-    values = data.values.copy()
-    for r in range(data.n_rows):
-        a, b = data.indptr[r], data.indptr[r + 1]
-        values[a:b] = data.values[a:b][np.argsort(emb[data.indices[a:b]])]
+        indices[a:b], values[a:b] = indices[a:b][order], values[a:b][order]
     return CSRData(data.indptr, indices, values, data.labels, data.weights, data.n_features * factor)
 
 
