@@ -199,6 +199,8 @@ class TrainConf:
                              OneOf(("adaptive", "avg", "add")))
     threads: int = param(_SP.threads, "cocoa: local solver threads per worker", Interval(1, 1024, integer=True))
     formulation: str = param(_SP.formulation, "cocoa: dual, or primal (squared loss only)", OneOf(("dual", "primal")))
+    partition: str = param(_SP.partition, "cocoa: fixed shards, or redeal (dual, CPU): every worker gathers all rows "
+                           "once (workers x the memory) and the rows are dealt afresh every round", OneOf(("fixed", "redeal")))
     device: str = param(_SP.device, "cocoa: local solver on cpu, gpu (TPA-SCD; one GPU per task via Spark's "
                         "spark.task.resource.gpu.amount), or auto (the GPU if the task has one, else the CPU)",
                         OneOf(("cpu", "gpu", "auto")))

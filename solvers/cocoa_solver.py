@@ -27,7 +27,7 @@ STATE_KIND = "cocoa"
 
 def cocoa_params(p: SolverParams) -> CocoaParams:
     return CocoaParams(loss=p.loss, formulation=p.formulation, l2=p.l2, local_epochs=p.local_epochs,
-                       aggregation=p.aggregation, threads=p.threads, max_rounds=p.passes, tol=p.tol, seed=p.seed)
+                       aggregation=p.aggregation, partition=p.partition, threads=p.threads, max_rounds=p.passes, tol=p.tol, seed=p.seed)
 
 
 def state_to_dict(s: CocoaState) -> dict[str, Any]:
@@ -61,7 +61,10 @@ def solve_cocoa(run: TrainRun) -> TrainResult:
         raise InvalidInputError("solver 'cocoa' cannot warm-start from a model (train.init_model); unset it")
     on_round = None if run.on_pass_end is None else (lambda s: run.on_pass_end(state_to_dict(s)))
     resume = None if run.resume is None else dict_to_state(run.resume)
-    if run.params.device == "cpu":
+    if run.params.partition == "redeal" and run.params.device == "gpu":
+        raise InvalidInputError("train.partition = 'redeal' runs on the CPU only; set train.device=cpu "
+                                "(or auto), or train.partition=fixed for the GPU solver")
+    if run.params.device == "cpu" or run.params.partition == "redeal":
         res = train_cocoa(run.inputs.train, run.comm, cocoa_params(run.params), on_round_end=on_round, resume=resume)
     else:
         from solvers.scd.gpu import gpu_available, train_cocoa_gpu

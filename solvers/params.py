@@ -62,6 +62,9 @@ class SolverParams:
     aggregation: str = "adaptive"
     threads: int = 1
     formulation: str = "dual"
+    #: CoCoA only: "fixed" shards, or "redeal" (dual only): every worker gathers all rows once
+    #: and the rows are dealt to the workers afresh every round (see ``solvers.scd.redeal``).
+    partition: str = "fixed"
     #: CoCoA only: the local solver runs on "cpu", on a "gpu" (TPA-SCD; an error without one),
     #: or on the GPU when there is one ("auto", else the CPU with a warning naming the reason).
     device: str = "cpu"
@@ -115,5 +118,6 @@ CONSTRAINTS = {
     "aggregation": (lambda v: v in ("adaptive", "avg", "add"), "one of 'adaptive', 'avg', 'add'"),
     "threads": (_int_in(1, 1024), "an integer in [1, 1024]"),
     "formulation": (lambda v: v in ("dual", "primal"), "one of 'dual', 'primal'"),
+    "partition": (lambda v: v in ("fixed", "redeal"), "one of 'fixed', 'redeal'"),
     "device": (lambda v: v in ("cpu", "gpu", "auto"), "one of 'cpu', 'gpu', 'auto'"),
 }

@@ -127,6 +127,13 @@ def test_cocoa_through_the_job_and_resume_from_per_rank_checkpoints(spark, data,
     assert [a["outcome"] for a in hurt["attempts"]] == ["failed", "succeeded"]
     assert {r["resumed_from_pass"] for r in hurt["per_rank"]} in ({2}, {3})
     assert hurt["objective"] == pytest.approx(two["objective"], rel=1e-12)
+    # rows re-dealt every round: the same optimum, and a failed attempt resumes too
+    redeal = run_train(spark, _cfg(*base, "train.workers=2", "train.partition=redeal", "train.inject.fail_shard=0",
+                                   "train.inject.fail_pass=3", "train.inject.fail_mode=raise"),
+                       str(data / "tr"), str(tmp_path / "c4"))
+    assert [a["outcome"] for a in redeal["attempts"]] == ["failed", "succeeded"]
+    assert redeal["history"][-1]["gap"] < 1e-6
+    assert redeal["objective"] == pytest.approx(one["objective"], rel=1e-6)
     r = evaluate(spark, str(data / "te"), str(tmp_path / "c2"))
     assert 0.3 < r["logloss"] < 0.7
 
@@ -144,6 +151,9 @@ def test_cocoa_device_auto_falls_back_and_gpu_fails_clearly_without_a_gpu(spark,
         run_train(spark, _cfg(*base, "train.device=gpu"), str(data / "tr"), str(tmp_path / "gpu"))
     assert "all 3 attempts" not in str(e.value)  # not retried: a retry would only repeat it
     assert not (tmp_path / "gpu").exists()
+    with pytest.raises(TrainError, match=r"train.partition = 'redeal' runs on the CPU only"):
+        run_train(spark, _cfg(*base, "train.device=gpu", "train.partition=redeal"), str(data / "tr"),
+                  str(tmp_path / "gpu2"))
 
 
 def test_report_of_a_real_run(spark, data, tmp_path):

@@ -16,10 +16,12 @@ from solvers.data import CSRData
 from solvers.scd.dual_problem import DualProblem
 from solvers.scd.params import CocoaParams, CocoaResult, CocoaState
 from solvers.scd.primal_problem import PrimalProblem
+from solvers.scd.redeal import RedealtDualProblem
 from solvers.scd.rounds import Problem, RoundLoop
 from solvers.scd.timing import RoundClock
 
-FORMULATIONS = {"dual": DualProblem, "primal": PrimalProblem}
+FORMULATIONS = {("dual", "fixed"): DualProblem, ("dual", "redeal"): RedealtDualProblem,
+                ("primal", "fixed"): PrimalProblem}
 
 
 def check_shard(data: CSRData, params: CocoaParams) -> None:
@@ -53,7 +55,7 @@ def train_cocoa(
     ``on_round_end(state)`` receives a :class:`CocoaState` after every round; passing one back
     as ``resume`` (same shard, rank, size and trajectory parameters) continues exactly where it
     left off. ``make_problem(data, comm, params, n_weight)`` builds this rank's side of the
-    rounds (default: ``FORMULATIONS[params.formulation]``, on the CPU; ``train_cocoa_gpu``
+    rounds (default: ``FORMULATIONS[params.formulation, params.partition]``, on the CPU; ``train_cocoa_gpu``
     passes the GPU problems of ``gpu_problem``).
     """
     check_shard(data, params)
@@ -63,7 +65,8 @@ def train_cocoa(
                                           float(data.n_rows)])
     if not n_weight > 0.0:
         raise ValueError("the training data is empty (total weight 0 over all ranks)")
-    problem = (make_problem or FORMULATIONS[params.formulation])(data, comm, params, n_weight)
+    problem = (make_problem or FORMULATIONS[params.formulation, params.partition])(
+        data, comm, params, n_weight)
     loop = RoundLoop(problem, comm, params, clock, t0, data.n_rows)
     if resume is not None:
         loop.restore(resume)

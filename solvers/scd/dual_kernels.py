@@ -233,7 +233,7 @@ def dual_epoch_buckets(indptr, indices, values, labels, weights, sqn, alpha, u, 
 
 
 @njit(cache=True, nogil=True)
-def _objective_sums_rows(indptr, indices, values, labels, weights, alpha, w, loss, bias_scale,
+def objective_sums_rows(indptr, indices, values, labels, weights, alpha, w, loss, bias_scale,
                          bias_index, lo, hi):
     """(sum c phi(x . w), sum c h(alpha)) over rows [lo, hi), in row order."""
     loss_sum = 0.0
@@ -254,7 +254,7 @@ def _objective_sums_rows(indptr, indices, values, labels, weights, alpha, w, los
 def dual_objective_sums(indptr, indices, values, labels, weights, alpha, w, loss, bias_scale,
                         bias_index):
     """(sum_i c_i phi_i(x_i . w), sum_i c_i h_i(alpha_i)) over this shard: the pieces of P and D."""
-    return _objective_sums_rows(indptr, indices, values, labels, weights, alpha, w, loss,
+    return objective_sums_rows(indptr, indices, values, labels, weights, alpha, w, loss,
                                 bias_scale, bias_index, 0, labels.shape[0])
 
 
@@ -267,7 +267,7 @@ def dual_objective_sums_chunked(indptr, indices, values, labels, weights, alpha,
     n = labels.shape[0]
     parts = np.zeros((n_chunks, 2))
     for c in prange(n_chunks):
-        parts[c, 0], parts[c, 1] = _objective_sums_rows(
+        parts[c, 0], parts[c, 1] = objective_sums_rows(
             indptr, indices, values, labels, weights, alpha, w, loss, bias_scale, bias_index,
             c * n // n_chunks, (c + 1) * n // n_chunks)
     return _ordered_pair_sum(parts)

@@ -17,6 +17,7 @@ Gap pieces of the current point: ``P(w) = (1/N) sum c phi(x.w) + (lam/2)||w||^2`
 from __future__ import annotations
 
 import abc
+import math
 
 import numpy as np
 
@@ -53,6 +54,7 @@ class DualProblemBase(GapThenProposal, abc.ABC):
     ``restore`` and the local sums ``_line_sums`` / ``_logistic_derivs``."""
 
     eval_len = 2
+    previous_gamma: float | None = None
 
     def __init__(self, data: CSRData, comm: Communicator, params: CocoaParams, n_weight: float):
         self.data, self.comm, self.p = data, comm, params
@@ -103,7 +105,11 @@ class DualProblemBase(GapThenProposal, abc.ABC):
             r = self.comm.allreduce_scalars([s1, s2])
             return r[0], r[1]
 
-        return logistic_gamma(derivs, wd, dd, lam, n_w, gmax, start=1.0 / k)
+        # Newton from the last round's gamma (it changes little from round to round): about
+        # 3 evaluations instead of 5 from 1/K
+        prev = self.previous_gamma
+        start = prev if prev is not None and math.isfinite(prev) and prev > 0.0 else 1.0 / k
+        return logistic_gamma(derivs, wd, dd, lam, n_w, gmax, start=start)
 
     def model(self) -> np.ndarray:
         """beta (n_features + 1,), float64, identical on every rank."""

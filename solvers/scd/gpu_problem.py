@@ -137,5 +137,8 @@ GPU_FORMULATIONS = {"dual": GpuDualProblem, "primal": GpuPrimalProblem}
 def make_gpu_problem(data: CSRData, comm: Communicator, params: CocoaParams, n_weight: float,
                      threads_per_block: int | None = None, blocks: int | None = None):
     """``api.train_cocoa``'s ``make_problem`` for the GPU: the formulation's GPU problem."""
+    if params.partition != "fixed":
+        raise ValueError(f"cocoa.partition: {params.partition!r} is not available on the GPU; "
+                         "expected 'fixed' (or run the CPU solver)")
     return GPU_FORMULATIONS[params.formulation](data, comm, params, n_weight, threads_per_block,
                                                 blocks)

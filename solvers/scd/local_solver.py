@@ -65,12 +65,20 @@ class _Schedule:
         self.bucket_size = bucket_size
         self.n_buckets = -(-n_coords // bucket_size)
 
-    def order(self, rng: np.random.Generator) -> np.ndarray:
-        buckets = rng.permutation(self.n_buckets)
+    def order(self, rng: np.random.Generator, dealt: np.ndarray | None = None) -> np.ndarray:
+        """This epoch's order: all buckets, or only the ``dealt`` ones, in a random order."""
+        buckets = rng.permutation(self.n_buckets if dealt is None else dealt)
         if self.threads > 1 or self.bucket_size == 1:
             return buckets
         order = (buckets[:, None] * self.bucket_size + np.arange(self.bucket_size)).ravel()
         return order if self.n % self.bucket_size == 0 else order[order < self.n]
+
+    def deal(self, seed: int, round_index: int, rank: int, size: int) -> np.ndarray:
+        """The buckets rank ``rank`` of ``size`` works on in round ``round_index``: one random
+        permutation of all buckets per round (the same on every rank), dealt round-robin. The
+        ranks' shares are disjoint and cover every bucket."""
+        rng = np.random.default_rng((seed, round_index, size))
+        return np.sort(rng.permutation(self.n_buckets)[rank::size])
 
 
 class DualLocalSolver:
@@ -102,9 +110,14 @@ class DualLocalSolver:
         # thread-local replicas (column 1) beside a copy of u (column 0), see dual_epoch_buckets
         self.replicas = np.zeros((threads, dim, 2)) if threads > 1 else None
         self.wu: np.ndarray | None = None  # (dim, 2) of solve_with_gap, made on first use
+        self.dealt: np.ndarray | None = None  # this round's buckets (None: all of them)
+        # True: callers pass w and get u in this solver's compact numbering ([active, bias])
+        self.compact_io = False
 
     def _result(self, w: np.ndarray) -> np.ndarray:
-        """u over all features: w where the shard has no feature."""
+        """u over all features: w where the shard has no feature (``compact_io``: u itself)."""
+        if self.compact_io:
+            return self.u
         np.copyto(self.u_full, w)
         self.space.scatter(self.u, self.u_full)
         return self.u_full
@@ -117,10 +130,10 @@ class DualLocalSolver:
         by a separate pass. The same orders and steps as ``solve``: the same alpha and u."""
         np.copyto(self.alpha, alpha)
         d, s = self.d, self.schedule
-        w_local = self.space.compact(w)
+        w_local = w if self.compact_io else self.space.compact(w)
         if self.replicas is not None:
             np.copyto(self.u, w_local)
-            sums = self._threaded_epoch(sigma, s.order(epoch_rng(seed, rank, round_index, 0)), True)
+            sums = self._threaded_epoch(sigma, s.order(epoch_rng(seed, rank, round_index, 0), self.dealt), True)
         else:
             if self.wu is None:
                 self.wu = np.empty((self.u.shape[0], 2))
@@ -128,7 +141,7 @@ class DualLocalSolver:
             self.wu[:, 1] = w_local
             sums = dual_epoch_with_gap(d.indptr, self.indices, d.values, d.labels, d.weights,
                                        self.sqn, self.alpha, self.wu,
-                                       s.order(epoch_rng(seed, rank, round_index, 0)), self.loss,
+                                       s.order(epoch_rng(seed, rank, round_index, 0), self.dealt), self.loss,
                                        sigma / self.lam_n, self.bias_scale, self.bias_index)
             np.copyto(self.u, self.wu[:, 1])  # later epochs use the contiguous u
         self._epochs(sigma, range(1, epochs), seed, rank, round_index)
@@ -138,14 +151,14 @@ class DualLocalSolver:
               seed: int, rank: int, round_index: int) -> tuple[np.ndarray, np.ndarray]:
         """-> (alpha after the epochs, u = w + sigma dw_local); both are this solver's buffers."""
         np.copyto(self.alpha, alpha)
-        np.copyto(self.u, self.space.compact(w))
+        np.copyto(self.u, w if self.compact_io else self.space.compact(w))
         self._epochs(sigma, range(epochs), seed, rank, round_index)
         return self.alpha, self._result(w)
 
     def _epochs(self, sigma: float, epochs: range, seed: int, rank: int, round_index: int) -> None:
         d, s = self.d, self.schedule
         for e in epochs:
-            order = s.order(epoch_rng(seed, rank, round_index, e))
+            order = s.order(epoch_rng(seed, rank, round_index, e), self.dealt)
             if self.replicas is None:
                 dual_epoch(d.indptr, self.indices, d.values, d.labels, d.weights, self.sqn, self.alpha,
                            self.u, order, self.loss, sigma / self.lam_n, self.bias_scale,

@@ -15,6 +15,7 @@ import numpy as np
 _LOSSES = ("logistic", "hinge", "squared")
 _FORMULATIONS = ("dual", "primal")
 _AGGREGATIONS = ("adaptive", "avg", "add")
+_PARTITIONS = ("fixed", "redeal")
 
 
 def _one_of(*options: Any) -> tuple[Any, str]:
@@ -63,6 +64,13 @@ class CocoaParams:
         "add: gamma = 1 with sigma' = K (CoCoA+)",
         _one_of(*_AGGREGATIONS),
     )
+    partition: str = _p(
+        "fixed",
+        "fixed: each rank's local solver works on its own shard; redeal (dual only): every rank "
+        "gathers all rows once (K times the memory) and the row buckets are dealt to the ranks "
+        "afresh every round, which keeps the gap decaying linearly at small lambda N",
+        _one_of(*_PARTITIONS),
+    )
     threads: int = _p(1, "local solver partitions (numba threads); 1 = sequential SCD", _int_at_least(1))
     bucket_size: int = _p(
         8, "consecutive examples (features) per bucket of the shuffled epoch order "
@@ -83,6 +91,11 @@ class CocoaParams:
             raise ValueError(
                 f"cocoa.formulation: 'primal' is not allowed with loss {self.loss!r}; "
                 "expected 'dual' (the primal solver is ridge regression only)"
+            )
+        if self.formulation == "primal" and self.partition != "fixed":
+            raise ValueError(
+                f"cocoa.partition: {self.partition!r} is not allowed with formulation 'primal'; "
+                "expected 'fixed' (re-dealing moves examples, the primal solver owns features)"
             )
 
     @property

@@ -9,7 +9,8 @@ paid once before the first round; the kept block is about 1/K of the non-zeros. 
 is a local CSR -> CSC transpose.
 
 Integer arrays travel as floats: row pointers as float64 (exact below 2^53), column indices as
-float32 when n_features <= 2^24 (exact) and float64 otherwise. A shard may be empty.
+float32 when n_features <= 2^24 (exact) and float64 otherwise. The values of a shard whose values
+are all 1 (binary hashed features) are not sent. A shard may be empty.
 """
 
 from __future__ import annotations
@@ -41,25 +42,30 @@ def owned_features(n_columns: int, rank: int, size: int) -> np.ndarray:
     return np.arange(rank, n_columns, size, dtype=np.int64)
 
 
-def _shards(data: CSRData, comm: Communicator):
+def shards_in_rank_order(data: CSRData, comm: Communicator):
     """Yield (root, indptr, indices, values, labels, weights) of every rank's shard, rank order."""
     k, me = comm.size, comm.rank
-    slots = [0.0] * (2 * k)
-    slots[2 * me], slots[2 * me + 1] = float(data.n_rows), float(data.nnz)
+    slots = [0.0] * (3 * k)
+    ones = bool(np.all(data.values == 1.0))  # binary features: no values to send
+    slots[3 * me:3 * me + 3] = float(data.n_rows), float(data.nnz), float(ones)
     sizes = comm.allreduce_scalars(slots)
     index_dtype = np.float32 if data.n_features <= 1 << 24 else np.float64  # exact integers
     for root in range(k):
-        n, nnz = int(sizes[2 * root]), int(sizes[2 * root + 1])
+        n, nnz, all_ones = int(sizes[3 * root]), int(sizes[3 * root + 1]), sizes[3 * root + 2] == 1.0
         own = root == me
 
-        def cast(a, length, dtype, own=own):
-            return np.asarray(a, dtype=dtype) if own else np.zeros(length, dtype)
+        def send(a, length, dtype, own=own, root=root):
+            """Rank ``root``'s array on every rank; the root keeps its own (no cast back)."""
+            if own:
+                comm.broadcast(np.asarray(a, dtype=dtype), root)
+                return a
+            return comm.broadcast(np.zeros(length, dtype), root)
 
-        ptr = comm.broadcast(cast(data.indptr, n + 1, np.float64), root).astype(np.int64)
-        idx = comm.broadcast(cast(data.indices, nnz, index_dtype), root).astype(np.int32)
-        val = comm.broadcast(cast(data.values, nnz, np.float32), root)
-        lab = comm.broadcast(cast(data.labels, n, np.float32), root)
-        wts = comm.broadcast(cast(data.weights, n, np.float32), root)
+        ptr = send(data.indptr, n + 1, np.float64).astype(np.int64, copy=False)
+        idx = send(data.indices, nnz, index_dtype).astype(np.int32, copy=False)
+        val = np.ones(nnz, np.float32) if all_ones else send(data.values, nnz, np.float32)
+        lab = send(data.labels, n, np.float32)
+        wts = send(data.weights, n, np.float32)
         yield root, ptr, idx, val, lab, wts
 
 
@@ -76,7 +82,7 @@ def feature_block(data: CSRData, comm: Communicator, bias_scale: float) -> Featu
         labels, weights, row_offset = data.labels, data.weights, 0
     else:
         pieces, labs, wts, row_offset, offset = [], [], [], 0, 0
-        for root, ptr, idx, val, lab, wt in _shards(data, comm):
+        for root, ptr, idx, val, lab, wt in shards_in_rank_order(data, comm):
             if root == comm.rank:
                 row_offset = offset
             pieces.append(filter_owned(ptr, idx, val, col_slot))

@@ -36,6 +36,7 @@ class PrimalProblemBase(GapThenProposal, abc.ABC):
     ``line_pieces``, ``apply``, ``snapshot``, ``restore`` and ``_local_beta``."""
 
     eval_len = 2
+    previous_gamma: float | None = None  # set by the loop; the closed-form gammas need no start
 
     def __init__(self, data: CSRData, comm: Communicator, params: CocoaParams, n_weight: float):
         self.comm, self.p = comm, params

@@ -44,6 +44,9 @@ class Problem(Protocol):
 
     eval_len: int
     line_len: int
+    #: set by the loop before ``gamma``: the gamma of the round that produced the current point
+    #: (None before the first round), a warm start for a line search
+    previous_gamma: float | None
 
     @property
     def shared_len(self) -> int: ...
@@ -167,6 +170,7 @@ class RoundLoop:
         n_v = pr.shared_len
         delta = reduced[:n_v]
         line = reduced[n_v + pr.eval_len:n_v + pr.eval_len + pr.line_len]
+        pr.previous_gamma = self.pending["gamma"]
         gamma = float(pr.gamma(delta, line))
         if not math.isfinite(gamma):
             raise FloatingPointError(f"round {self.round + 1}: non-finite aggregation gamma")

@@ -176,7 +176,7 @@ def _same_state(loss: str, formulation: str, lam: float) -> dict:
     n_w = float(np.sum(d.weights, dtype=np.float64))
     p = CocoaParams(loss=loss, formulation=formulation, l2=lam, local_epochs=2, seed=7)
     gpu = make_gpu_problem(d, comm, p, n_w, threads_per_block=2, blocks=1)
-    cpu = FORMULATIONS[formulation](d, comm, p, n_w)
+    cpu = FORMULATIONS[formulation, "fixed"](d, comm, p, n_w)
     worst: dict[str, float] = {}
 
     def rec(key, a, b):
