@@ -362,6 +362,16 @@ def _cross_checks(cfg: Config) -> None:
     for kv in cfg.spark.conf:
         if not (isinstance(kv, tuple) and len(kv) == 2):
             raise ConfigError(f"spark.conf = {cfg.spark.conf!r}: must be a mapping of setting -> value")
+    t = cfg.train
+    if t.solver == "cocoa" and t.formulation == "primal" and t.loss != "squared":
+        raise ConfigError(f"train.formulation = 'primal': needs train.loss = 'squared' (got {t.loss!r}); "
+                          "use train.formulation=dual")
+    if t.solver == "cocoa" and t.partition == "redeal" and t.formulation != "dual":
+        raise ConfigError(f"train.partition = 'redeal': needs train.formulation = 'dual' (got {t.formulation!r}); "
+                          "re-dealing moves examples, the primal solver owns features")
+    if t.solver == "cocoa" and t.partition == "redeal" and t.device == "gpu":
+        raise ConfigError("train.partition = 'redeal' runs on the CPU only: set train.device to 'cpu' or 'auto', "
+                          "or train.partition=fixed for the GPU solver")
     if cfg.train.inject.slow_shard >= cfg.train.workers:
         raise ConfigError(
             f"train.inject.slow_shard = {cfg.train.inject.slow_shard}: must be -1 or a shard in [0, {cfg.train.workers - 1}]"

@@ -151,9 +151,6 @@ def test_cocoa_device_auto_falls_back_and_gpu_fails_clearly_without_a_gpu(spark,
         run_train(spark, _cfg(*base, "train.device=gpu"), str(data / "tr"), str(tmp_path / "gpu"))
     assert "all 3 attempts" not in str(e.value)  # not retried: a retry would only repeat it
     assert not (tmp_path / "gpu").exists()
-    with pytest.raises(TrainError, match=r"train.partition = 'redeal' runs on the CPU only"):
-        run_train(spark, _cfg(*base, "train.device=gpu", "train.partition=redeal"), str(data / "tr"),
-                  str(tmp_path / "gpu2"))
 
 
 def test_report_of_a_real_run(spark, data, tmp_path):

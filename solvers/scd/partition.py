@@ -54,15 +54,18 @@ def shards_in_rank_order(data: CSRData, comm: Communicator):
         n, nnz, all_ones = int(sizes[3 * root]), int(sizes[3 * root + 1]), sizes[3 * root + 2] == 1.0
         own = root == me
 
-        def send(a, length, dtype, own=own, root=root):
-            """Rank ``root``'s array on every rank; the root keeps its own (no cast back)."""
+        def send(a, length, dtype, exact=False, own=own, root=root):
+            """Rank ``root``'s array as ``dtype`` on every rank. The root keeps its own cast
+            (the same values as everywhere else), or with ``exact`` (integers that the wire
+            dtype holds exactly) the array itself: no cast back."""
             if own:
-                comm.broadcast(np.asarray(a, dtype=dtype), root)
-                return a
+                mine = np.asarray(a, dtype=dtype)
+                comm.broadcast(mine, root)
+                return a if exact else mine
             return comm.broadcast(np.zeros(length, dtype), root)
 
-        ptr = send(data.indptr, n + 1, np.float64).astype(np.int64, copy=False)
-        idx = send(data.indices, nnz, index_dtype).astype(np.int32, copy=False)
+        ptr = send(data.indptr, n + 1, np.float64, exact=True).astype(np.int64, copy=False)
+        idx = send(data.indices, nnz, index_dtype, exact=True).astype(np.int32, copy=False)
         val = np.ones(nnz, np.float32) if all_ones else send(data.values, nnz, np.float32)
         lab = send(data.labels, n, np.float32)
         wts = send(data.weights, n, np.float32)

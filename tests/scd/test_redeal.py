@@ -56,6 +56,24 @@ def test_gather_rows_is_every_shard_in_rank_order(values):
         assert ops.count("broadcast") == (12 if values == "ones" else 14)
 
 
+def test_every_rank_gathers_the_same_float32_rows_from_float64_input():
+    """A shard handed over as float64 travels as float32; its own rank must use the same
+    float32 values as the others (else the ranks would solve different problems)."""
+    data = make_data("squared", n=60, seed=57)
+    shards = []
+    for lo, hi in ((0, 25), (25, 60)):
+        a, b = data.indptr[lo], data.indptr[hi]
+        shards.append(CSRData(data.indptr[lo:hi + 1] - a, data.indices[a:b],
+                              data.values[a:b].astype(np.float64) / 3.0,
+                              data.labels[lo:hi].astype(np.float64) / 3.0,
+                              data.weights[lo:hi].astype(np.float64) / 3.0, data.n_features))
+    assert shards[0].values.dtype == np.float64
+    got = run_ranks(shards, lambda shard, node: gather_rows(shard, node))
+    for name in ("values", "labels", "weights"):
+        assert getattr(got[0], name).dtype == np.float32
+        assert getattr(got[0], name).tobytes() == getattr(got[1], name).tobytes(), name
+
+
 @pytest.mark.parametrize("loss", ["logistic", "squared", "hinge"])
 def test_k_ranks_reach_the_single_rank_optimum(loss):
     data = make_data(loss, n=200, seed=52)
@@ -87,8 +105,10 @@ def test_threads_inside_ranks():
     data = make_data("squared", n=200, seed=54)
     reference = train_cocoa(data, LocalCommunicator(), _params("squared", partition="fixed"))
     params = _params("squared", threads=2, bucket_size=4)
-    res = run_ranks(split_rows(data, 2), lambda shard, node: train_cocoa(shard, node, params))[0]
+    results = run_ranks(split_rows(data, 2), lambda shard, node: train_cocoa(shard, node, params))
+    res = results[0]
     assert res.converged and res.primal == pytest.approx(reference.primal, rel=1e-7)
+    assert results[1].weights.tobytes() == res.weights.tobytes() and _trace(results[1]) == _trace(res)
 
 
 def test_redeal_converges_where_fixed_shards_stall():
