@@ -28,7 +28,7 @@ import numpy as np
 
 from allreduce.communicator import Communicator
 from solvers.data import CSRData
-from solvers.scd.dual_kernels import objective_sums_rows, apply_dual_step, axpy
+from solvers.scd.dual_kernels import apply_dual_step, axpy, objective_sums_rows
 from solvers.scd.dual_problem import DualProblem
 from solvers.scd.params import CocoaParams
 from solvers.scd.partition import shards_in_rank_order

@@ -116,6 +116,25 @@ def run_ranks(shards: list[CSRData], body, timeout: float = 120.0) -> list:
     return run.results
 
 
+def run_and_resume(shards: list[CSRData], params, at_round: int):
+    """Train on K ranks keeping every rank's state after round ``at_round``, then resume every
+    rank from it: (uninterrupted results, resumed results, the states by rank)."""
+    from solvers.scd import train_cocoa
+
+    saved: dict[int, object] = {}
+
+    def first(shard, node):
+        def keep(state):
+            if state.round == at_round:
+                saved[node.rank] = state
+        return train_cocoa(shard, node, params, on_round_end=keep)
+
+    full = run_ranks(shards, first)
+    resumed = run_ranks(shards, lambda shard, node: train_cocoa(shard, node, params,
+                                                                   resume=saved[node.rank]))
+    return full, resumed, saved
+
+
 def libsvm_dataset(x: np.ndarray, labels: np.ndarray, bits: int) -> CSRData:
     """Write ``x`` as LibSVM text and parse it with the project's BlockParser.
 

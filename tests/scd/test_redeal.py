@@ -11,7 +11,14 @@ from solvers.data import CSRData
 from solvers.scd import CocoaParams, train_cocoa
 from solvers.scd.local_solver import _Schedule
 from solvers.scd.redeal import gather_rows
-from tests.scd.helpers import make_data, model_vector, objective, run_ranks, split_rows
+from tests.scd.helpers import (
+    make_data,
+    model_vector,
+    objective,
+    run_and_resume,
+    run_ranks,
+    split_rows,
+)
 
 LAM = 1e-2
 
@@ -131,21 +138,10 @@ def test_redeal_converges_where_fixed_shards_stall():
 def test_resume_on_two_ranks():
     data = make_data("logistic", n=200, seed=56)
     params = _params("logistic", tol=1e-9, max_rounds=400)
-    shards = split_rows(data, 2)
-    saved: dict[int, object] = {}
-
-    def first(shard, node):
-        def keep(state):
-            if state.round == 3:
-                saved[node.rank] = state
-        return train_cocoa(shard, node, params, on_round_end=keep)
-
-    full = run_ranks(shards, first)
+    full, resumed, saved = run_and_resume(split_rows(data, 2), params, at_round=3)
     assert saved[0].local.shape == (data.n_rows,)  # every rank keeps every row's alpha
     assert np.array_equal(saved[0].local, saved[1].local)
     assert saved[0].shared.shape == (data.n_features + 1,)
-    resumed = run_ranks(shards, lambda shard, node: train_cocoa(shard, node, params,
-                                                                   resume=saved[node.rank]))
     for a, b in zip(full, resumed, strict=True):
         assert a.weights.tobytes() == b.weights.tobytes() and _trace(a) == _trace(b)
 

@@ -8,7 +8,7 @@ import pytest
 
 from allreduce.communicator import LocalCommunicator
 from solvers.scd import CocoaParams, train_cocoa
-from tests.scd.helpers import make_data, run_ranks, split_rows
+from tests.scd.helpers import make_data, run_and_resume, split_rows
 
 _TRACE = ("round", "primal", "dual", "gap", "gamma")
 
@@ -40,18 +40,7 @@ def test_resume_on_one_rank(loss, formulation, threads):
 def test_resume_on_two_ranks():
     data = make_data("logistic", n=200, seed=42)
     params = CocoaParams(loss="logistic", l2=1e-2, tol=1e-9, max_rounds=400)
-    shards = split_rows(data, 2)
-    saved: dict[int, object] = {}
-
-    def first(shard, node):
-        def keep(state):
-            if state.round == 3:
-                saved[node.rank] = state
-        return train_cocoa(shard, node, params, on_round_end=keep)
-
-    full = run_ranks(shards, first)
-    resumed = run_ranks(shards, lambda shard, node: train_cocoa(shard, node, params,
-                                                                   resume=saved[node.rank]))
+    full, resumed, _ = run_and_resume(split_rows(data, 2), params, at_round=3)
     for a, b in zip(full, resumed, strict=True):
         assert a.weights.tobytes() == b.weights.tobytes() and _trace(a) == _trace(b)
 
