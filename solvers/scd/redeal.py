@@ -65,9 +65,12 @@ class RedealtDualProblem(DualProblem):
         super().__init__(gather_rows(data, comm), comm, params, n_weight)
         self.space = self.solver.space
         self.solver.compact_io = True
-        self.w = np.zeros(self.space.size + 1)
-        self.dw = np.zeros(self.space.size + 1)
-        self._delta = np.zeros(self.w.shape[0] + self.data.n_rows)
+        m = self.space.size + 1
+        self.w = np.zeros(m)
+        # the round's message: the local solver writes dw and dalpha straight into its halves
+        self._delta = np.zeros(m + self.data.n_rows)
+        self.dw = self._delta[:m]
+        self.dalpha = self._delta[m:]
 
     @property
     def shared_len(self) -> int:
@@ -92,9 +95,6 @@ class RedealtDualProblem(DualProblem):
             self.loss, self.p.bias_scale, self.space.size, r * n // k, (r + 1) * n // k))
 
     def shared_delta(self) -> np.ndarray:
-        m = self.w.shape[0]
-        self._delta[:m] = self.dw
-        self._delta[m:] = self.dalpha
         return self._delta
 
     def gamma(self, delta: np.ndarray, sums: np.ndarray) -> float:
