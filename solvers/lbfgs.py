@@ -37,6 +37,7 @@ from solvers.errors import DivergenceError, InvalidInputError
 from solvers.kernels.vector import dot, norm2
 from solvers.lbfgs_memory import LBFGSMemory
 from solvers.linesearch import strong_wolfe
+from solvers.local_table import LocalTable
 from solvers.objective import DistributedObjective
 from solvers.online import resumed_stop
 from solvers.registry import register_solver
@@ -67,10 +68,15 @@ class LBFGSPhase:
     _full: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def full_theta(self) -> np.ndarray:
-        """θ over all features (for the tracker, the checkpoint and the result), expanded once
-        per iterate: ``theta`` is replaced by a new array at every step, never written to."""
-        if self._full is None or self._full[0] is not self.theta:
+        """θ over all features (for the tracker, the checkpoint and the result), written once
+        per iterate into one buffer kept for the phase (the inactive entries stay 0): ``theta``
+        is replaced by a new array at every step, never written to. Valid until the next
+        iterate; consumers copy what they keep (the tracker's best weights, the result)."""
+        if self._full is None:
             self._full = (self.theta, self.space.expand(self.theta))
+        elif self._full[0] is not self.theta:
+            self.space.scatter(self.theta, self._full[1])
+            self._full = (self.theta, self._full[1])
         return self._full[1]
 
     @classmethod
@@ -78,7 +84,7 @@ class LBFGSPhase:
         train = run.inputs.train
         if run.inputs.agreed:  # a pass came first (hybrid): agree on the set, evaluate compact
             space = ActiveFeatures.agree(run.comm, train, theta0)
-            objective = run.objective.restricted(space.remap(train))
+            objective = run.objective.restricted(LocalTable(space, train, space.local_counts))
             theta = space.compact(theta0)
             ev = objective.evaluate(theta, with_hessian=True)
             ev.raise_if_not_finite("at the L-BFGS starting point")
@@ -88,7 +94,7 @@ class LBFGSPhase:
             ev = run.objective.evaluate(theta0, with_hessian=True)
             ev.raise_if_not_finite("at the L-BFGS starting point")
             space = ActiveFeatures.agree(run.comm, train, theta0)
-            objective = run.objective.restricted(space.remap(train))
+            objective = run.objective.restricted(LocalTable(space, train, space.local_counts))
             theta, grad, hess = space.compact(theta0), space.compact(ev.grad), space.compact(ev.hess_diag)
             # the penalty summed in compact order, as every later value (and a resumed run) has it
             value = ev.loss_term + objective.penalty(theta)
@@ -103,7 +109,7 @@ class LBFGSPhase:
         else:  # a version-1 state: every feature, in id order
             space = ActiveFeatures.everything(n)
         try:
-            shard = space.remap(run.inputs.train)
+            table = LocalTable(space, run.inputs.train)
         except ValueError:
             problem = InvalidInputError(
                 f"rank {run.comm.rank}: resume state: this rank's training rows hold features "
@@ -114,7 +120,7 @@ class LBFGSPhase:
                 run.inputs.problem = problem
                 run.inputs.agree(run.comm.inner)
             raise problem from None
-        objective = run.objective.restricted(shard)
+        objective = run.objective.restricted(table)
         theta = space.compact(np.append(np.asarray(saved["weights"], dtype=np.float64), saved["intercept"]))
         return cls(run, space, objective, theta, float(saved["lbfgs_f"]),
                    np.array(saved["lbfgs_grad"], dtype=np.float64),

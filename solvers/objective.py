@@ -21,6 +21,7 @@ from allreduce.communicator import Communicator
 from solvers.errors import DivergenceError
 from solvers.kernels import objective as K
 from solvers.kernels.vector import dot
+from solvers.local_table import LocalTable
 from solvers.setup import Inputs
 from solvers.shard import Shard
 
@@ -36,21 +37,48 @@ def row_chunks(n_rows: int):
         yield start, min(start + CHUNK_ROWS, n_rows)
 
 
+def _over_chunks(n_rows: int, call, on_rows: Callable[[int], None] | None) -> tuple[float, str | None]:
+    """Run ``call(start, stop, loss_sum) -> (loss_sum, status, row)`` over the row chunks:
+    (Σ wᵢℓᵢ, problem or None)."""
+    total = 0.0
+    for start, stop in row_chunks(n_rows):
+        total, status, row = call(start, stop, total)
+        if status != K.OK:
+            return total, f"{_STATUS[status]} at row {row}"
+        if on_rows is not None:
+            on_rows(stop)
+    return total, None
+
+
 def shard_sums(shard: Shard, theta: np.ndarray, loss_id: int, grad: np.ndarray = EMPTY,
                hess: np.ndarray = EMPTY, on_rows: Callable[[int], None] | None = None,
                ) -> tuple[float, str | None]:
     """Local sums over a shard (see :mod:`solvers.kernels.objective`): (Σ wᵢℓᵢ, problem or None),
     gradient and Hessian-diagonal sums added into ``grad`` / ``hess`` when non-empty."""
     s = shard
-    total = 0.0
-    for start, stop in row_chunks(s.n_rows):
-        total, status, row = K.loss_grad_hess(s.indptr, s.indices, s.values, s.labels, s.weights,
-                                              theta, loss_id, grad, hess, start, stop, total)
-        if status != K.OK:
-            return total, f"{_STATUS[status]} at row {row}"
-        if on_rows is not None:
-            on_rows(stop)
-    return total, None
+
+    def call(start: int, stop: int, total: float):
+        return K.loss_grad_hess(s.indptr, s.indices, s.values, s.labels, s.weights, theta, loss_id,
+                                grad, hess, start, stop, total)
+
+    return _over_chunks(s.n_rows, call, on_rows)
+
+
+def table_sums(table: LocalTable, theta: np.ndarray, loss_id: int, grad: np.ndarray = EMPTY,
+               hess: np.ndarray = EMPTY, on_rows: Callable[[int], None] | None = None,
+               ) -> tuple[float, str | None]:
+    """:func:`shard_sums` over a rank's :class:`~solvers.local_table.LocalTable` (θ, ``grad``
+    and ``hess`` in compact numbering; ``grad`` / ``hess`` zero on entry): the same bits."""
+    want_grad, want_hess = grad.shape[0] > 0, hess.shape[0] > 0
+    table.load(theta, want_hess)
+
+    def call(start: int, stop: int, total: float):
+        return table.pass_rows(loss_id, want_grad, want_hess, start, stop, total)
+
+    out = _over_chunks(table.shard.n_rows, call, on_rows)
+    if out[1] is None:
+        table.unload(grad, hess)
+    return out
 
 
 @dataclass
@@ -82,13 +110,14 @@ class DistributedObjective:
         self.l2 = float(l2)
         self.on_rows = on_rows
         self.dim = inputs.n_features + 1
+        self.table: LocalTable | None = None  # set by restricted()
 
-    def restricted(self, shard: Shard) -> DistributedObjective:
-        """The same objective over ``shard``'s feature numbering (e.g. a compacted copy of this
-        rank's shard, see :mod:`solvers.active`): θ then has ``shard.n_features + 1`` entries."""
+    def restricted(self, table: LocalTable) -> DistributedObjective:
+        """The same objective over the compact numbering of ``table`` (this rank's working
+        table, see :mod:`solvers.local_table`): θ then has ``table.n_compact + 1`` entries."""
         out = copy.copy(self)
-        out.shard = shard
-        out.dim = shard.n_features + 1
+        out.table = table
+        out.dim = table.n_compact + 1
         return out
 
     def penalty(self, theta: np.ndarray) -> float:
@@ -97,7 +126,10 @@ class DistributedObjective:
         return 0.5 * self.l2 * dot(beta, beta)
 
     def _local(self, theta: np.ndarray, grad: np.ndarray, hess: np.ndarray) -> tuple[float, str | None]:
-        loss, problem = shard_sums(self.shard, theta, self.loss_id, grad, hess, self.on_rows)
+        if self.table is not None:
+            loss, problem = table_sums(self.table, theta, self.loss_id, grad, hess, self.on_rows)
+        else:
+            loss, problem = shard_sums(self.shard, theta, self.loss_id, grad, hess, self.on_rows)
         return loss, None if problem is None else f"rank {self.comm.rank}: {problem}"
 
     def evaluate(self, theta: np.ndarray, with_hessian: bool = False) -> Evaluation:

@@ -28,3 +28,38 @@ def renumber(indices, position, out):
         if p < lowest:
             lowest = p
     return lowest
+
+
+@njit(cache=True, nogil=True)
+def number_by_first_use(indices, slot, out, next_slot):
+    """out[k] = slot[indices[k]], where a feature whose slot is still -1 gets ``next_slot``
+    (then next_slot + 1, ...) at its first use. Returns the next free slot, or -1 if a feature
+    has slot -2 (outside the set)."""
+    for k in range(indices.shape[0]):
+        j = indices[k]
+        s = slot[j]
+        if s < 0:
+            if s == -2:
+                return -1
+            s = next_slot
+            slot[j] = s
+            next_slot += 1
+        out[k] = s
+    return next_slot
+
+
+@njit(cache=True, nogil=True)
+def load_column(src, where, table, col):
+    """table[s, col] = src[where[s]] for every slot s, and table[-1, col] = src[-1] (the
+    intercept, kept last)."""
+    for s in range(where.shape[0]):
+        table[s, col] = src[where[s]]
+    table[table.shape[0] - 1, col] = src[src.shape[0] - 1]
+
+
+@njit(cache=True, nogil=True)
+def store_column(table, col, where, dst):
+    """dst[where[s]] = table[s, col] for every slot s, and dst[-1] = table[-1, col]."""
+    for s in range(where.shape[0]):
+        dst[where[s]] = table[s, col]
+    dst[dst.shape[0] - 1] = table[table.shape[0] - 1, col]
