@@ -74,6 +74,19 @@ class LocalTable:
         load_column(theta, self.compact_of, t, 0)
         self._current = t
 
+    def load_direction(self, theta: np.ndarray, p: np.ndarray) -> None:
+        """Start a curvature pass: θ into column 0, the direction p into column 1 (compact)."""
+        t = self._table(2)
+        load_column(theta, self.compact_of, t, 0)
+        load_column(p, self.compact_of, t, 1)
+        self._current = t
+
+    def curvature_rows(self, loss_id: int, start: int, stop: int, acc: float) -> tuple[float, int, int]:
+        """The curvature kernel over rows ``start..stop-1`` (see :meth:`load_direction`)."""
+        s = self.shard
+        return K.curvature_along(s.indptr, s.indices, s.values, s.labels, s.weights, self._current,
+                                 loss_id, start, stop, acc)
+
     def pass_rows(self, loss_id: int, want_grad: bool, want_hess: bool, start: int, stop: int,
                   loss_sum: float) -> tuple[float, int, int]:
         """The kernel over rows ``start..stop-1`` (see :meth:`load`): (loss_sum, status, row)."""

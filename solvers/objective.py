@@ -154,6 +154,24 @@ class DistributedObjective:
         finite = tot[-1] == 0.0 and np.isfinite(value) and bool(np.isfinite(g).all())
         return Evaluation(value, g, h, bool(finite), problem, loss_term)
 
+    def curvature(self, theta: np.ndarray, p: np.ndarray) -> float | None:
+        """pᵀ·∇²f(θ)·p (one gather pass over the working table and one scalar AllReduce), or
+        None if a margin was not finite on some rank. Needs :meth:`restricted`."""
+        if self.table is None:
+            raise RuntimeError("curvature needs the rank's working table (restricted objective)")
+        table = self.table
+        table.load_direction(theta, p)
+
+        def call(start: int, stop: int, acc: float):
+            return table.curvature_rows(self.loss_id, start, stop, acc)
+
+        acc, problem = _over_chunks(table.shard.n_rows, call, self.on_rows)
+        tot = self.comm.allreduce_scalars([acc, 0.0 if problem is None else 1.0])
+        if tot[1] != 0.0:
+            return None
+        beta = p[:-1]
+        return tot[0] / self.inputs.total_weight + self.l2 * dot(beta, beta)
+
     def value(self, theta: np.ndarray) -> float:
         """f(θ) alone: a loss-only pass and one scalar AllReduce; raises if not finite."""
         loss, problem = self._local(theta, EMPTY, EMPTY)

@@ -130,6 +130,33 @@ def loss_grad_hess_table(indptr, indices, values, labels, weights, table, loss_i
 
 
 @njit(cache=True, nogil=True)
+def curvature_along(indptr, indices, values, labels, weights, table, loss_id, start, stop, acc):
+    """Σᵢ hᵢ·ℓ''(yᵢ, mᵢ)·uᵢ² over rows ``start..stop-1``, added onto ``acc``, with
+    mᵢ = xᵢ·θ + b and uᵢ = xᵢ·p + p_b from ``table[:, 0]`` = θ and ``table[:, 1]`` = p (the
+    intercept in the last row): the data part of the curvature pᵀ∇²f·p along a direction, one
+    gather pass and no scatter. Returns ``(acc, status, row)`` as :func:`loss_grad_hess`."""
+    n_rows = labels.shape[0]
+    d = table.shape[0] - 1
+    for r in range(start, stop):
+        a = indptr[r]
+        b = indptr[r + 1]
+        if r + 1 < n_rows:
+            for k in range(b, indptr[r + 2]):
+                prefetch_row(table, indices[k])
+        m = table[d, 0]
+        u = table[d, 1]
+        for k in range(a, b):
+            x = float(values[k])
+            j = indices[k]
+            m += table[j, 0] * x
+            u += table[j, 1] * x
+        if not (math.isfinite(m) and math.isfinite(u)):
+            return acc, BAD_MARGIN, r
+        acc += float(weights[r]) * loss_curvature(loss_id, m, float(labels[r])) * u * u
+    return acc, OK, -1
+
+
+@njit(cache=True, nogil=True)
 def margins(indptr, indices, values, coef, intercept, out):
     """out[i] = xᵢ·coef + intercept (float64 accumulation), for every row."""
     for r in range(indptr.shape[0] - 1):

@@ -119,3 +119,40 @@ def test_prediction_matches_scipy():
     np.testing.assert_allclose(m, data.to_scipy() @ w.astype(np.float64) + 0.25, rtol=1e-6)
     p = predict_proba(data, w * 1e4, 0.0)  # huge margins: no overflow, p in [0, 1]
     assert np.isfinite(p).all() and p.min() >= 0.0 and p.max() <= 1.0
+
+
+def _table_objective(data, loss, l2=L2):
+    from solvers.active import ActiveFeatures
+    from solvers.local_table import LocalTable
+
+    obj = _objective(data, loss, l2)
+    space = ActiveFeatures.agree(obj.comm, obj.shard, np.zeros(data.n_features + 1))
+    return obj.restricted(LocalTable(space, obj.shard, space.local_counts)), space
+
+
+@pytest.mark.parametrize("loss", ["logistic", "squared"])
+def test_curvature_along_a_direction_matches_the_dense_hessian_and_finite_differences(loss):
+    data = planted_problem(n=300, d=25, seed=6, loss=loss, weighted=True)
+    obj, space = _table_objective(data, loss)
+    theta, p = _theta(space.size, seed=7), _theta(space.size, seed=8)
+    # dense reference: pᵀ (Xᵀ diag(w·ℓ'') X / W + λ·I_β) p, X with a ones column for the intercept
+    x = np.hstack([data.to_scipy().toarray()[:, space.ids], np.ones((data.n_rows, 1))])
+    m, u = x @ theta, x @ p
+    w = data.weights.astype(np.float64)
+    ell2 = 1.0 / (1.0 + np.exp(-m)) / (1.0 + np.exp(m)) if loss == "logistic" else np.ones_like(m)
+    ref = np.sum(w * ell2 * u * u) / w.sum() + L2 * np.dot(p[:-1], p[:-1])
+    got = obj.curvature(theta, p)
+    assert got == pytest.approx(ref, rel=1e-12)
+    eps = 1e-5
+    fd = (obj.evaluate(theta + eps * p).grad - obj.evaluate(theta - eps * p).grad) @ p / (2 * eps)
+    assert got == pytest.approx(fd, rel=1e-6)
+
+
+def test_curvature_reports_a_non_finite_margin_and_needs_the_table():
+    data = planted_problem(n=50, d=6, seed=9)
+    obj, space = _table_objective(data, "logistic")
+    theta = np.zeros(space.size + 1)
+    theta[0] = np.inf
+    assert obj.curvature(theta, np.ones(space.size + 1)) is None
+    with pytest.raises(RuntimeError, match="working table"):
+        _objective(data, "logistic").curvature(np.zeros(7), np.ones(7))
