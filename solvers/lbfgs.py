@@ -192,7 +192,7 @@ class LBFGSPhase:
             self._record(None, evals)
             return "line_search_failed"
         point, ev = res.trial.payload
-        self.memory.push(point - self.theta, ev.grad - self.grad)
+        self.memory.push(point, self.theta, ev.grad, self.grad)
         previous = self.value
         self.theta, self.value, self.grad = point, ev.value, ev.grad
         grad_norm = self._record(res.trial.alpha, evals)

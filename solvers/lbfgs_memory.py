@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from solvers.kernels.vector import axpy, dot, weighted_dot
+from solvers.kernels.vector import axpy, dot, pair_products, store_pair, weighted_dot
 
 _CURVATURE_EPS = 1e-12
 
@@ -37,16 +37,15 @@ class LBFGSMemory:
         """Slot indices from the oldest pair to the newest."""
         return [(self.newest - i) % self.m for i in range(self.count - 1, -1, -1)]
 
-    def push(self, s: np.ndarray, y: np.ndarray) -> bool:
-        """Add a pair (dropping the oldest when full); False if it fails the curvature test."""
-        s32 = s.astype(np.float32)
-        y32 = y.astype(np.float32)
-        sy = dot(s32, y32)
-        if not sy > _CURVATURE_EPS * dot(y32, y32):
+    def push(self, x1: np.ndarray, x0: np.ndarray, g1: np.ndarray, g0: np.ndarray) -> bool:
+        """Add the pair s = x1 − x0, y = g1 − g0 (dropping the oldest when full), rounded to
+        float32 and written straight into its slot (no temporaries); False if it fails the
+        curvature test, the memory then unchanged."""
+        sy, yy = pair_products(x1, x0, g1, g0)
+        if not sy > _CURVATURE_EPS * yy:
             return False
         slot = (self.newest + 1) % self.m
-        self.S[slot] = s32
-        self.Y[slot] = y32
+        store_pair(x1, x0, g1, g0, self.S[slot], self.Y[slot])
         self.rho[slot] = 1.0 / sy
         self.newest = slot
         self.count = min(self.count + 1, self.m)

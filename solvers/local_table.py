@@ -54,7 +54,7 @@ class LocalTable:
         self.compact_of[slot[used]] = space.position[used]
         self.n_compact = space.size
         self.shard = dataclasses.replace(shard, indices=indices, n_features=n_slots)
-        self._tables: dict[int, np.ndarray] = {}
+        self._pair: np.ndarray | None = None
         self._current = self._table(2)
 
     @property
@@ -62,9 +62,13 @@ class LocalTable:
         return int(self.compact_of.shape[0])
 
     def _table(self, columns: int) -> np.ndarray:
-        if columns not in self._tables:
-            self._tables[columns] = np.empty((self.size + 1, columns), dtype=np.float64)
-        return self._tables[columns]
+        """The 2-column table is kept for every evaluation; a 3-column one (the Hessian pass, once
+        per run) is not kept."""
+        if columns != 2:
+            return np.empty((self.size + 1, columns), dtype=np.float64)
+        if self._pair is None:
+            self._pair = np.empty((self.size + 1, 2), dtype=np.float64)
+        return self._pair
 
     def load(self, theta: np.ndarray, with_hessian: bool) -> None:
         """Start an evaluation at ``theta`` (compact, intercept last): θ into column 0, zero

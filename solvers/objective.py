@@ -20,7 +20,7 @@ import numpy as np
 from allreduce.communicator import Communicator
 from solvers.errors import DivergenceError
 from solvers.kernels import objective as K
-from solvers.kernels.vector import dot
+from solvers.kernels.vector import axpy, dot
 from solvers.local_table import LocalTable
 from solvers.setup import Inputs
 from solvers.shard import Shard
@@ -143,8 +143,9 @@ class DistributedObjective:
         tot = self.comm.allreduce(buf)
         inv_w = 1.0 / self.inputs.total_weight
         with np.errstate(invalid="ignore", over="ignore"):  # non-finite values are reported below
-            g = tot[:d1] * inv_w
-            g[:-1] += self.l2 * theta[:-1]
+            g = tot[:d1]  # the AllReduce result is this rank's own array: scaled in place
+            g *= inv_w
+            axpy(self.l2, theta[:-1], g[:-1])
             loss_term = float(tot[-2]) * inv_w
             value = loss_term + self.penalty(theta)
             h = None
