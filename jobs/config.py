@@ -192,8 +192,9 @@ class TrainConf:
     online_passes: int = param(_SP.online_passes, "hybrid: online passes before L-BFGS starts", Interval(0, 100000, integer=True))
     learning_rate: float = param(_SP.learning_rate, "online learning rate (Vowpal Wabbit's -l)", Interval(0, None, lo_open=True))
     lbfgs_memory: int = param(_SP.lbfgs_memory, "L-BFGS correction pairs kept", Interval(1, 1000, integer=True))
-    newton_first_step: bool = param(_SP.newton_first_step, "L-BFGS starts its first line search at the "
-                                    "1-D Newton step along the direction (one curvature pass) instead of step 1")
+    lbfgs_newton_steps: int = param(_SP.lbfgs_newton_steps, "while L-BFGS holds fewer curvature pairs than this, "
+                                    "its line search starts at the 1-D Newton step along the direction (one curvature "
+                                    "pass each) instead of step 1; 0 = always step 1", Interval(0, 1000, integer=True))
     tol: float = param(_SP.tol, "relative tolerance on the gradient norm and the objective change", Interval(0, 1))
     early_stop_passes: int = param(_SP.early_stop_passes, "stop after this many passes without a better held-out loss (0: off)", Interval(0, 100000, integer=True))
     local_epochs: int = param(_SP.local_epochs, "cocoa: local SCD epochs per round (H)", Interval(1, 1000000, integer=True))

@@ -150,12 +150,13 @@ class LBFGSPhase:
         return phi
 
     def _first_step(self, p: np.ndarray, slope: float) -> tuple[float, int]:
-        """The line search's first trial step and the data passes it cost. With curvature pairs
-        in memory, 1 (the quasi-Newton step). Without (the first iteration, or after the memory
-        was cleared) the direction's scale is unknown: the 1-D Newton step −∇f·p / pᵀ∇²f·p,
-        from one curvature pass, instead of 1 (which on hashed click data overshoots about 3x
-        and costs two more evaluations)."""
-        if self.memory.count > 0 or not self.run.params.newton_first_step:
+        """The line search's first trial step and the data passes it cost. With enough curvature
+        pairs in memory (``lbfgs_newton_steps``), 1: the quasi-Newton step. With fewer (the
+        first iterations, or after the memory was cleared) the direction's scale is not yet
+        right: the 1-D Newton step −∇f·p / pᵀ∇²f·p, from one curvature pass. On the hashed
+        click benchmark step 1 overshoots 3x at the first iteration (two more evaluations) and
+        undershoots 2x at the second (accepted, but half the decrease)."""
+        if self.memory.count >= self.run.params.lbfgs_newton_steps:
             return 1.0, 0
         curv = self.objective.curvature(self.theta, p)
         if curv is None or not curv > 0.0 or not math.isfinite(-slope / curv):

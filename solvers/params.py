@@ -40,10 +40,11 @@ class SolverParams:
     learning_rate: float = 0.5
     #: L-BFGS memory m: correction pairs kept.
     lbfgs_memory: int = 15
-    #: L-BFGS: when no curvature pair is in memory (the first iteration), start the line search
-    #: at the 1-D Newton step along the direction, from one curvature pass (a gather over the
-    #: rows, no scatter), instead of at step 1.
-    newton_first_step: bool = True
+    #: L-BFGS: while the memory holds fewer than this many curvature pairs (the first
+    #: iterations, and after a restart), the line search starts at the 1-D Newton step along the
+    #: direction, from one curvature pass (a gather over the rows, no scatter), instead of at
+    #: step 1, whose scale the few pairs do not yet fix; 0: always step 1.
+    lbfgs_newton_steps: int = 2
     #: Relative tolerance of L-BFGS: stop when ‖∇f‖ ≤ tol·‖∇f at the L-BFGS start‖ or when
     #: the objective changes by at most tol·|f| in a pass.
     tol: float = 1e-7
@@ -113,7 +114,7 @@ CONSTRAINTS = {
     "online_passes": (_int_in(0, 1_000_000), "an integer in [0, 1000000]"),
     "learning_rate": (_finite_float(0.0, True), "a finite number > 0"),
     "lbfgs_memory": (_int_in(1, 1000), "an integer in [1, 1000]"),
-    "newton_first_step": (lambda v: isinstance(v, bool), "true or false"),
+    "lbfgs_newton_steps": (_int_in(0, 1000), "an integer in [0, 1000]"),
     "tol": (_finite_float(0.0, False), "a finite number >= 0"),
     "early_stop_passes": (_int_in(0, 1_000_000), "an integer in [0, 1000000]"),
     "seed": (_int_in(0, 2**63 - 1), "an integer in [0, 2^63 - 1]"),

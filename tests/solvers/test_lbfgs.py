@@ -158,16 +158,19 @@ def _one_hot_fields(n: int, fields: int, levels: int, seed: int) -> CSRData:
     return CSRData.from_scipy(x, y)
 
 
-def test_the_first_line_search_starts_at_the_newton_step():
+def test_the_first_line_searches_start_at_the_newton_step():
     """On one-hot click-like rows, step 1 along the first (Jacobi) direction overshoots: each
     margin moves by the sum of ~fields coordinates. The 1-D Newton step from one curvature pass
-    lands near the line minimum: the first pass takes fewer evaluations, same optimum."""
+    lands near the line minimum: the first pass takes fewer evaluations, same optimum; with
+    lbfgs_newton_steps = k the first k L-BFGS passes make one curvature pass each."""
     data = _one_hot_fields(3000, 12, 15, seed=5)
-    runs = {flag: train_local(data, SolverParams(solver="hybrid", l2=1e-4, newton_first_step=flag, **TIGHT))
-            for flag in (False, True)}
-    old, new = runs[False].history[1], runs[True].history[1]
+    runs = {k: train_local(data, SolverParams(solver="hybrid", l2=1e-4, lbfgs_newton_steps=k, **TIGHT))
+            for k in (0, 1, 2)}
+    old, new = runs[0].history[1], runs[1].history[1]
     # evaluations of the first L-BFGS pass include the one at the starting point
     assert old["evaluations"] >= 3 and "curvature_passes" not in old
     assert new["curvature_passes"] == 1 and new["evaluations"] == 2  # accepted at the first trial
-    assert runs[True].objective == pytest.approx(runs[False].objective, rel=1e-9)
-    assert all("curvature_passes" not in e for e in runs[True].history[2:])
+    for k, res in runs.items():
+        assert res.objective == pytest.approx(runs[0].objective, rel=1e-9)
+        assert [e.get("curvature_passes", 0) for e in res.history[1:]][: k + 1] == [1] * k + [0]
+        assert all("curvature_passes" not in e for e in res.history[k + 1 :])
