@@ -1,20 +1,17 @@
 """Working spaces of the features that occur: the L-BFGS phase's (the features in some rank's
-data or non-zero at the start, numbered by descending frequency over all ranks, :meth:`agree`)
-and the dual CoCoA local solver's (one shard's own features by frequency in it,
-:meth:`of_indices`, no collective).
+data or non-zero at the start, in id order, :meth:`agree`) and the dual CoCoA local solver's
+(one shard's own features by frequency in it, :meth:`of_indices`, no collective).
 
 A coordinate j that no row touches has ∂f/∂β_j = λ·β_j. Started at 0 it stays exactly 0 in
 every L-BFGS iterate: the direction is a linear combination of gradients and past steps, all 0
 there. So the phase runs on the active coordinates only. With hashed click features most of the
 2^bits buckets are empty (about 1.4M of 4.2M at 2M rows, bits 22), so its vectors, curvature
 pairs and AllReduce shrink by that factor. Each rank's CSR pass runs on a table of its own
-features laid out for the cache (:mod:`solvers.local_table`), built from the counts ``agree``
-keeps (``local_counts``).
+features laid out for the cache (:mod:`solvers.local_table`); the compact order itself only
+serves the vector arithmetic.
 
-The set is agreed with one float32 AllReduce of per-feature occurrence counts: exact below
-2^24, beyond that rounded, but a sum of positive counts never rounds to 0, and the rounded
-order is the same on every rank (AllReduce returns the same bytes everywhere), which is all the
-ordering needs. Every rank then orders the set the same way (count descending, id ascending).
+The set is agreed with one float32 AllReduce of per-feature marks (1 where a rank holds the
+feature): a sum of ones is never 0, and AllReduce returns the same bytes everywhere.
 """
 
 from __future__ import annotations
@@ -23,33 +20,31 @@ import numpy as np
 
 from allreduce.communicator import Communicator
 from solvers.kernels.features import count_features, renumber
-from solvers.shard import Shard
 
 
 class ActiveFeatures:
     """``ids[c]`` is the feature behind compact coordinate c; the intercept stays last."""
 
-    def __init__(self, ids: np.ndarray, n_features: int, local_counts: np.ndarray | None = None):
+    def __init__(self, ids: np.ndarray, n_features: int):
         self.ids = np.asarray(ids, dtype=np.int64)
         self.n_features = int(n_features)
         self.position = np.full(self.n_features, -1, dtype=np.int32)
         self.position[self.ids] = np.arange(self.ids.shape[0], dtype=np.int32)
-        self.local_counts = local_counts  # this rank's counts by feature id, when known (agree)
 
     @property
     def size(self) -> int:
         return int(self.ids.shape[0])
 
     @classmethod
-    def agree(cls, comm: Communicator, shard: Shard, theta0: np.ndarray) -> ActiveFeatures:
-        """The set over all ranks (one AllReduce); ``theta0`` is the same on every rank."""
-        n = shard.n_features
-        counts = np.zeros(n, dtype=np.uint32)
-        count_features(shard.indices, counts)
-        total = comm.allreduce(counts.astype(np.float32))
-        ids = np.flatnonzero((total > 0.0) | (theta0[:-1] != 0.0))
-        order = np.argsort(-total[ids], kind="stable")  # ids ascending: ties stay in id order
-        return cls(ids[order], n, counts)
+    def agree(cls, comm: Communicator, local_ids: np.ndarray, n_features: int,
+              theta0: np.ndarray) -> ActiveFeatures:
+        """The set over all ranks, in id order (one AllReduce of float32 marks): the features
+        in ``local_ids`` (this rank's) of some rank, or non-zero in ``theta0`` (the same on
+        every rank)."""
+        marks = np.zeros(n_features, dtype=np.float32)
+        marks[local_ids] = 1.0
+        total = comm.allreduce(marks)
+        return cls(np.flatnonzero((total > 0.0) | (theta0[:-1] != 0.0)), n_features)
 
     @classmethod
     def of_indices(cls, indices: np.ndarray, n_features: int) -> ActiveFeatures:

@@ -20,7 +20,7 @@ to rounding along the directions tried); if no trial point even had a finite obj
 is a divergence and raises.
 
 The phase works on the active features only (:mod:`solvers.active`: those in some rank's data
-or non-zero at the start, numbered by frequency); the others stay exactly 0. The set is agreed
+or non-zero at the start, in id order); the others stay exactly 0. The set is agreed
 right after the first collective (before the first evaluation when a pass came first). The
 tracker, checkpoints and the result get the weights over all features; a checkpoint also keeps
 the set (``lbfgs_active``), and the pairs, gradient and preconditioner in compact numbering.
@@ -85,8 +85,9 @@ class LBFGSPhase:
     def start(cls, run: TrainRun, theta0: np.ndarray) -> LBFGSPhase:
         train = run.inputs.train
         if run.inputs.agreed:  # a pass came first (hybrid): agree on the set, evaluate compact
-            space = ActiveFeatures.agree(run.comm, train, theta0)
-            objective = run.objective.restricted(LocalTable(space, train, space.local_counts))
+            table = LocalTable(train)
+            space = ActiveFeatures.agree(run.comm, table.ids, train.n_features, theta0)
+            objective = run.objective.restricted(table.bind(space))
             theta = space.compact(theta0)
             ev = objective.evaluate(theta, with_hessian=True)
             ev.raise_if_not_finite("at the L-BFGS starting point")
@@ -95,8 +96,9 @@ class LBFGSPhase:
         else:  # this evaluation is the first pass: the tree forms only after it
             ev = run.objective.evaluate(theta0, with_hessian=True)
             ev.raise_if_not_finite("at the L-BFGS starting point")
-            space = ActiveFeatures.agree(run.comm, train, theta0)
-            objective = run.objective.restricted(LocalTable(space, train, space.local_counts))
+            table = LocalTable(train)
+            space = ActiveFeatures.agree(run.comm, table.ids, train.n_features, theta0)
+            objective = run.objective.restricted(table.bind(space))
             theta, grad, hess = space.compact(theta0), space.compact(ev.grad), space.compact(ev.hess_diag)
             # the penalty summed in compact order, as every later value (and a resumed run) has it
             value = ev.loss_term + objective.penalty(theta)
@@ -111,7 +113,7 @@ class LBFGSPhase:
         else:  # a version-1 state: every feature, in id order
             space = ActiveFeatures.everything(n)
         try:
-            table = LocalTable(space, run.inputs.train)
+            table = LocalTable(run.inputs.train).bind(space)
         except ValueError:
             problem = InvalidInputError(
                 f"rank {run.comm.rank}: resume state: this rank's training rows hold features "

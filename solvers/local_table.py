@@ -2,14 +2,13 @@
 
 The L-BFGS vectors live in the agreed compact numbering (:mod:`solvers.active`), the same on
 every rank. A rank's CSR pass only touches the features of its own shard, so it works on a
-table of those alone (about 0.95M of 1.33M at 2M rows, 2 ranks), numbered for locality:
-
-- hot features (at least ``HOT_MIN_COUNT`` entries in this shard) first, in compact order,
-  i.e. by descending count over all ranks: the few thousand that carry most entries share a
-  few hundred cache lines;
-- then every other feature in the order the shard first uses it: a rare feature's cell sits
-  next to those of the features of the same and nearby rows, so the pass walks the cold part
-  of the table almost sequentially instead of missing the cache once per rare entry.
+table of those alone (about 0.95M of 1.33M at 2M rows, 2 ranks), numbered in the order the
+shard first uses them: the features of the first rows, which include almost every frequent
+one, share a few hundred cache lines, and a rare feature's cell sits next to those of the
+features of the same and nearby rows, so the pass walks the cold part of the table almost
+sequentially instead of missing the cache once per rare entry. (Putting the most frequent
+features first instead measured the same.) Numbering needs no collective: it is built before
+the set is agreed, and its feature list is what the rank contributes to the agreement.
 
 The table interleaves θ_j with its gradient (and Hessian-diagonal) accumulators
 (:func:`solvers.kernels.objective.loss_grad_hess_table`). Each evaluation gathers θ into
@@ -26,40 +25,40 @@ import numpy as np
 
 from solvers.active import ActiveFeatures
 from solvers.kernels import objective as K
-from solvers.kernels.features import count_features, load_column, number_by_first_use, store_column
+from solvers.kernels.features import load_column, number_by_first_use, store_column
 from solvers.shard import Shard
-
-#: A feature with at least this many entries in the shard is "hot" (numbered first).
-HOT_MIN_COUNT = 8
 
 
 class LocalTable:
-    """``shard``: this rank's rows with indices in local numbering; ``compact_of[s]``: the
-    compact coordinate of local slot s. Raises ValueError if the shard holds a feature outside
-    ``space``."""
+    """``shard``: this rank's rows with indices in local numbering; ``ids[s]``: the feature of
+    local slot s; after :meth:`bind`, ``compact_of[s]``: its compact coordinate."""
 
-    def __init__(self, space: ActiveFeatures, shard: Shard, counts: np.ndarray | None = None):
-        if counts is None:
-            counts = np.zeros(shard.n_features, dtype=np.uint32)
-            count_features(shard.indices, counts)
-        slot = np.where(space.position >= 0, np.int32(-1), np.int32(-2))  # by feature id
-        hot = space.ids[counts[space.ids] >= HOT_MIN_COUNT]  # in compact order
-        slot[hot] = np.arange(hot.shape[0], dtype=np.int32)
+    def __init__(self, shard: Shard):
+        slot = np.full(shard.n_features, -1, dtype=np.int32)  # by feature id
         indices = np.empty(shard.indices.shape, dtype=np.int32)
-        n_slots = number_by_first_use(shard.indices, slot, indices, hot.shape[0])
-        if n_slots < 0:
-            raise ValueError("the shard holds a feature outside the agreed active set")
+        n_slots = number_by_first_use(shard.indices, slot, indices, 0)
         used = np.flatnonzero(slot >= 0)
-        self.compact_of = np.empty(n_slots, dtype=np.int32)
-        self.compact_of[slot[used]] = space.position[used]
-        self.n_compact = space.size
+        self.ids = np.empty(n_slots, dtype=np.int64)
+        self.ids[slot[used]] = used
         self.shard = dataclasses.replace(shard, indices=indices, n_features=n_slots)
+        self.compact_of = np.zeros(0, dtype=np.int32)
+        self.n_compact = 0
         self._pair: np.ndarray | None = None
         self._current = self._table(2)
 
+    def bind(self, space: ActiveFeatures) -> LocalTable:
+        """Map the slots to ``space``'s compact coordinates; raises ValueError if the shard
+        holds a feature outside it."""
+        compact_of = space.position[self.ids]
+        if compact_of.size and int(compact_of.min()) < 0:
+            raise ValueError("the shard holds a feature outside the agreed active set")
+        self.compact_of = compact_of
+        self.n_compact = space.size
+        return self
+
     @property
     def size(self) -> int:
-        return int(self.compact_of.shape[0])
+        return int(self.ids.shape[0])
 
     def _table(self, columns: int) -> np.ndarray:
         """The 2-column table is kept for every evaluation; a 3-column one (the Hessian pass, once

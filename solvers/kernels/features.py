@@ -33,14 +33,11 @@ def renumber(indices, position, out):
 @njit(cache=True, nogil=True)
 def number_by_first_use(indices, slot, out, next_slot):
     """out[k] = slot[indices[k]], where a feature whose slot is still -1 gets ``next_slot``
-    (then next_slot + 1, ...) at its first use. Returns the next free slot, or -1 if a feature
-    has slot -2 (outside the set)."""
+    (then next_slot + 1, ...) at its first use. Returns the next free slot."""
     for k in range(indices.shape[0]):
         j = indices[k]
         s = slot[j]
         if s < 0:
-            if s == -2:
-                return -1
             s = next_slot
             slot[j] = s
             next_slot += 1

@@ -1,14 +1,13 @@
-"""A rank's working table for the L-BFGS passes (solvers.local_table): hot features first,
-the rest by first use; the sums of a pass over it are bit for bit those of the plain kernel
-over the compact-numbered shard, for every loss, with values, weights, the Hessian diagonal,
-any hot threshold, and an empty shard."""
+"""A rank's working table for the L-BFGS passes (solvers.local_table): its features in
+first-use order, bound to the agreed compact numbering; the sums of a pass over it are bit for
+bit those of the plain kernel over the compact-numbered shard, for every loss, with values,
+weights, the Hessian diagonal, and an empty shard."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-import solvers.local_table as local_table
 from allreduce.communicator import LocalCommunicator
 from solvers.active import ActiveFeatures
 from solvers.data import CSRData
@@ -29,43 +28,41 @@ def _rows(rows: list[list[int]], n_features: int) -> Shard:
 
 
 def test_number_by_first_use_keeps_preset_slots_and_numbers_the_rest_in_order():
-    slot = np.array([-1, 5, -1, -2, -1, 0], dtype=np.int32)  # 1 and 5 preset, 3 outside
+    slot = np.array([-1, 5, -1, -1, -1, 0], dtype=np.int32)  # 1 and 5 preset
     indices = np.array([4, 1, 0, 4, 5, 2, 0], dtype=np.int32)
     out = np.empty(7, dtype=np.int32)
     assert number_by_first_use(indices, slot, out, 6) == 9
     np.testing.assert_array_equal(out, [6, 5, 7, 6, 0, 8, 7])
-    np.testing.assert_array_equal(slot, [7, 5, 8, -2, 6, 0])
-    assert number_by_first_use(np.array([3], dtype=np.int32), slot, out, 9) == -1
+    np.testing.assert_array_equal(slot, [7, 5, 8, -1, 6, 0])
 
 
-def test_layout_hot_in_compact_order_then_first_use(monkeypatch):
-    monkeypatch.setattr(local_table, "HOT_MIN_COUNT", 2)
+def test_layout_is_first_use_and_binds_to_the_compact_numbering():
     shard = _rows([[9, 4], [7, 2], [2, 4], [1, 6], [2, 3]], 12)
-    # compact order by count over all ranks (here: another rank holds many 7s and 0s)
-    space = ActiveFeatures(np.array([7, 0, 2, 4, 9, 3, 1, 6]), 12)
-    table = LocalTable(space, shard)
-    # hot here (>= 2 entries): 2 and 4, in compact order; then 9, 7, 1, 6, 3 by first use
-    np.testing.assert_array_equal(space.ids[table.compact_of], [2, 4, 9, 7, 1, 6, 3])
-    np.testing.assert_array_equal(table.shard.indices, [2, 1, 3, 0, 0, 1, 4, 5, 0, 6])
+    table = LocalTable(shard)
+    np.testing.assert_array_equal(table.ids, [9, 4, 7, 2, 1, 6, 3])
+    np.testing.assert_array_equal(table.shard.indices, [0, 1, 2, 3, 3, 1, 4, 5, 3, 6])
     np.testing.assert_array_equal(table.shard.indptr, shard.indptr)
-    assert table.size == 7 and table.n_compact == 8 and table.shard.n_features == 7
+    assert table.size == 7 and table.shard.n_features == 7
+    space = ActiveFeatures(np.array([0, 1, 2, 3, 4, 6, 7, 9]), 12)  # another rank holds 0
+    assert table.bind(space) is table
+    np.testing.assert_array_equal(table.compact_of, [7, 4, 6, 2, 1, 5, 3])
+    assert table.n_compact == 8
     with pytest.raises(ValueError, match="outside the agreed active set"):
-        LocalTable(ActiveFeatures(np.array([2, 4]), 12), shard)
+        LocalTable(shard).bind(ActiveFeatures(np.array([2, 4]), 12))
 
 
 @pytest.mark.parametrize("loss", ["logistic", "squared", "hinge"])
-@pytest.mark.parametrize("hot", [1, 3, 10**9])
-def test_table_sums_are_bit_identical_to_the_compact_shard_pass(monkeypatch, loss, hot):
-    monkeypatch.setattr(local_table, "HOT_MIN_COUNT", hot)
+def test_table_sums_are_bit_identical_to_the_compact_shard_pass(loss):
     data = planted_problem(n=700, d=90, density=0.08, seed=3, loss=loss, weighted=True)
     shard = Shard.from_csr(data)
-    space = ActiveFeatures.agree(LocalCommunicator(), shard, np.zeros(data.n_features + 1))
+    table = LocalTable(shard)
+    space = ActiveFeatures.agree(LocalCommunicator(), table.ids, data.n_features, np.zeros(data.n_features + 1))
+    table.bind(space)
     compact = Shard(shard.indptr, space.renumbered(shard.indices), shard.values, shard.labels,
                     shard.weights, space.size)
-    table = LocalTable(space, shard, space.local_counts)
     theta = np.random.default_rng(1).normal(0.0, 0.7, space.size + 1)
     loss_id = LOSS_IDS[loss]
-    for with_hess in (False, True, False):  # the tables of both widths, reused
+    for with_hess in (False, True, False):  # the tables of both widths
         ref_g, ref_h = np.zeros(space.size + 1), np.zeros(space.size + 1)
         got_g, got_h = np.zeros(space.size + 1), np.zeros(space.size + 1)
         hess_ref = ref_h if with_hess else np.zeros(0)
@@ -82,11 +79,11 @@ def test_table_sums_are_bit_identical_to_the_compact_shard_pass(monkeypatch, los
 def test_features_of_other_ranks_keep_a_zero_gradient_and_an_empty_shard_works():
     space = ActiveFeatures(np.array([3, 1, 5]), 8)
     shard = _rows([[1], [1, 5]], 8)
-    table = LocalTable(space, shard)
+    table = LocalTable(shard).bind(space)
     g = np.zeros(4)
     loss, problem = table_sums(table, np.array([0.5, -0.25, 2.0, 0.125]), LOSS_IDS["logistic"], g)
     assert problem is None and g[0] == 0.0 and g[1] != 0.0 and g[2] != 0.0
-    empty = LocalTable(space, _rows([], 8))
+    empty = LocalTable(_rows([], 8)).bind(space)
     g = np.zeros(4)
     assert table_sums(empty, np.ones(4), LOSS_IDS["logistic"], g) == (0.0, None)
     assert not g.any() and empty.size == 0
@@ -94,6 +91,6 @@ def test_features_of_other_ranks_keep_a_zero_gradient_and_an_empty_shard_works()
 
 def test_a_non_finite_margin_is_reported_with_its_row():
     space = ActiveFeatures(np.array([0, 1]), 2)
-    table = LocalTable(space, _rows([[0], [1], [0, 1]], 2))
+    table = LocalTable(_rows([[0], [1], [0, 1]], 2)).bind(space)
     _, problem = table_sums(table, np.array([0.0, np.inf, 0.0]), LOSS_IDS["logistic"], np.zeros(3))
     assert problem == "non-finite margin at row 1"

@@ -126,8 +126,9 @@ def _table_objective(data, loss, l2=L2):
     from solvers.local_table import LocalTable
 
     obj = _objective(data, loss, l2)
-    space = ActiveFeatures.agree(obj.comm, obj.shard, np.zeros(data.n_features + 1))
-    return obj.restricted(LocalTable(space, obj.shard, space.local_counts)), space
+    table = LocalTable(obj.shard)
+    space = ActiveFeatures.agree(obj.comm, table.ids, data.n_features, np.zeros(data.n_features + 1))
+    return obj.restricted(table.bind(space)), space
 
 
 @pytest.mark.parametrize("loss", ["logistic", "squared"])
