@@ -51,10 +51,26 @@ def logloss(y, p) -> float:
 
 
 def first_time_at_or_below(history, target: float):
+    h = first_pass_at_or_below(history, target)
+    return None if h is None else h["elapsed_s"]
+
+
+def first_pass_at_or_below(history, target: float):
     for h in history:
         if h.get("objective") is not None and h["objective"] <= target:
-            return h["elapsed_s"]
+            return h
     return None
+
+
+def data_passes(history, upto: dict | None) -> dict | None:
+    """Passes over the data up to and including history entry ``upto``: online passes, L-BFGS
+    function evaluations (each a gather + scatter pass) and curvature passes (gather only)."""
+    if upto is None:
+        return None
+    done = history[: history.index(upto) + 1]
+    return {"pass": upto["pass"], "online": sum(h["phase"] == "online" for h in done),
+            "evaluations": sum(h.get("evaluations", 0) for h in done),
+            "curvature": sum(h.get("curvature_passes", 0) for h in done)}
 
 
 def _featurized(spark, raw, name):
@@ -166,7 +182,8 @@ def main() -> dict:
         ml_obj = objective(x, y, w_ml, b_ml, LAMBDA)
         t_ml = first_time_at_or_below(hist, ml_obj)
         fig["mllib"] = {"fit_s": ml_s, "objective": ml_obj, "terascale_time_to_mllib_objective_s": t_ml,
-                        "speedup": None if t_ml is None else ml_s / t_ml}
+                        "speedup": None if t_ml is None else ml_s / t_ml,
+                        "terascale_data_passes": data_passes(hist, first_pass_at_or_below(hist, ml_obj))}
     finally:
         spark.stop()
 

@@ -33,6 +33,15 @@ def planted_problem(n: int = 600, d: int = 40, density: float = 0.15, seed: int 
     return CSRData.from_scipy(x, y, weights=w, n_features=d)
 
 
+def binary_rows(rows: list[list[int]], n_features: int) -> CSRData:
+    """CSR data whose row i holds features ``rows[i]`` with value 1 (label 0, weight 1)."""
+    indptr = np.cumsum([0] + [len(r) for r in rows]).astype(np.int64)
+    indices = np.array([j for r in rows for j in r], dtype=np.int32)
+    n = len(rows)
+    return CSRData(indptr, indices, np.ones(indices.size, np.float32), np.zeros(n, np.float32),
+                   np.ones(n, np.float32), n_features)
+
+
 def row_slice(data: CSRData, lo: int, hi: int) -> CSRData:
     a, b = int(data.indptr[lo]), int(data.indptr[hi])
     return CSRData(data.indptr[lo : hi + 1] - a, data.indices[a:b].copy(), data.values[a:b].copy(),

@@ -20,20 +20,12 @@ from solvers.shard import Shard
 from solvers.state import check_resume
 from solvers.tracker import PassTracker
 from tests.allreduce.harness import run_tree
-from tests.solvers.helpers import TREE_NODE_KWARGS, keep, planted_problem, train_local
-
-
-def _rows(rows: list[list[int]], n_features: int) -> CSRData:
-    indptr = np.cumsum([0] + [len(r) for r in rows]).astype(np.int64)
-    indices = np.array([j for r in rows for j in r], dtype=np.int32)
-    n = len(rows)
-    return CSRData(indptr, indices, np.ones(indices.size, np.float32), np.zeros(n, np.float32),
-                   np.ones(n, np.float32), n_features)
+from tests.solvers.helpers import TREE_NODE_KWARGS, binary_rows, keep, planted_problem, train_local
 
 
 def test_set_is_agreed_over_ranks_in_id_order():
     # features 2, 5, 7, 9, 1 occur on some rank; 4 only in the starting point
-    shards = [_rows([[2, 7], [2, 5], [2, 7]], 12), _rows([[5, 9], [5, 2], [], [1]], 12)]
+    shards = [binary_rows([[2, 7], [2, 5], [2, 7]], 12), binary_rows([[5, 9], [5, 2], [], [1]], 12)]
     theta0 = np.zeros(13)
     theta0[4] = 0.5
     theta0[-1] = 3.0  # the intercept is never a member: it stays last
@@ -51,12 +43,12 @@ def test_compact_expand_and_renumber():
     theta = np.arange(9, dtype=np.float64) + 1.0
     np.testing.assert_array_equal(space.compact(theta), [7.0, 1.0, 4.0, 9.0])
     np.testing.assert_array_equal(space.expand(space.compact(theta)), [1, 0, 0, 4, 0, 0, 7, 0, 9])
-    shard = Shard.from_csr(_rows([[0, 3], [6], [3, 6, 0]], 8))
+    shard = Shard.from_csr(binary_rows([[0, 3], [6], [3, 6, 0]], 8))
     small = space.renumbered(shard.indices)
     assert small.dtype == np.int32
     np.testing.assert_array_equal(small, [1, 2, 0, 2, 0, 1])
     with pytest.raises(ValueError, match="outside the agreed active set"):
-        space.renumbered(Shard.from_csr(_rows([[0, 5]], 8)).indices)
+        space.renumbered(Shard.from_csr(binary_rows([[0, 5]], 8)).indices)
 
 
 def _embedded(data: CSRData, n_features: int, seed: int) -> tuple[CSRData, np.ndarray]:

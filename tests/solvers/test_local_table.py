@@ -10,21 +10,16 @@ import pytest
 
 from allreduce.communicator import LocalCommunicator
 from solvers.active import ActiveFeatures
-from solvers.data import CSRData
 from solvers.kernels.features import number_by_first_use
 from solvers.kernels.losses import LOSS_IDS
 from solvers.local_table import LocalTable
 from solvers.objective import shard_sums, table_sums
 from solvers.shard import Shard
-from tests.solvers.helpers import planted_problem
+from tests.solvers.helpers import binary_rows, planted_problem
 
 
 def _rows(rows: list[list[int]], n_features: int) -> Shard:
-    indptr = np.cumsum([0] + [len(r) for r in rows]).astype(np.int64)
-    indices = np.array([j for r in rows for j in r], dtype=np.int32)
-    n = len(rows)
-    return Shard.from_csr(CSRData(indptr, indices, np.ones(indices.size, np.float32),
-                                  np.zeros(n, np.float32), np.ones(n, np.float32), n_features))
+    return Shard.from_csr(binary_rows(rows, n_features))
 
 
 def test_number_by_first_use_keeps_preset_slots_and_numbers_the_rest_in_order():
