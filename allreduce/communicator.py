@@ -91,7 +91,8 @@ class Communicator(abc.ABC):
 
     @abc.abstractmethod
     def allreduce(self, arr: Any) -> np.ndarray:
-        """Elementwise sum of ``arr`` over all ranks, returned on every rank."""
+        """Elementwise sum of ``arr`` over all ranks, returned on every rank as a new array the
+        caller owns (it may modify it in place)."""
 
     @abc.abstractmethod
     def broadcast(self, arr: Any, root: int = 0) -> np.ndarray:

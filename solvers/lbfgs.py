@@ -7,7 +7,8 @@ so the ranks never drift.
 
 One L-BFGS pass = one iteration: direction p = −H·∇f (two-loop recursion, memory m, Jacobi
 preconditioner D = diag ∇²f at the L-BFGS start, floored at 1e-12·max D), a strong-Wolfe line
-search from α = 1, then the stopping tests, in this order:
+search from α = 1 (from the 1-D Newton step while fewer than ``lbfgs_newton_steps`` curvature
+pairs are held, see :meth:`LBFGSPhase._first_step`), then the stopping tests, in this order:
 
     ‖∇f(θ_k)‖₂ ≤ tol·‖∇f(θ_start)‖₂                      -> "converged_grad"
     f(θ_{k−1}) − f(θ_k) ≤ tol·max(|f(θ_{k−1})|, |f(θ_k)|)  -> "converged_objective"
@@ -35,6 +36,7 @@ import numpy as np
 
 from solvers.active import ActiveFeatures
 from solvers.errors import DivergenceError, InvalidInputError
+from solvers.kernels.losses import HINGE
 from solvers.kernels.vector import dot, norm2
 from solvers.lbfgs_memory import LBFGSMemory
 from solvers.linesearch import strong_wolfe
@@ -157,13 +159,17 @@ class LBFGSPhase:
         first iterations, or after the memory was cleared) the direction's scale is not yet
         right: the 1-D Newton step −∇f·p / pᵀ∇²f·p, from one curvature pass. On the hashed
         click benchmark step 1 overshoots 3x at the first iteration (two more evaluations) and
-        undershoots 2x at the second (accepted, but half the decrease)."""
-        if self.memory.count >= self.run.params.lbfgs_newton_steps:
+        undershoots 2x at the second (accepted, but half the decrease).
+
+        Not for the hinge loss: its second derivative is 0, so only the penalty would bend the
+        line (and not along the unpenalized intercept), giving absurd steps. A step that is not
+        a finite positive number (an overflowing curvature, a non-finite margin on some rank)
+        falls back to 1; every rank takes the same branch (AllReduce results only)."""
+        if self.memory.count >= self.run.params.lbfgs_newton_steps or self.run.loss_id == HINGE:
             return 1.0, 0
         curv = self.objective.curvature(self.theta, p)
-        if curv is None or not curv > 0.0 or not math.isfinite(-slope / curv):
-            return 1.0, 1
-        return -slope / curv, 1
+        alpha = -slope / curv if curv is not None and math.isfinite(curv) and curv > 0.0 else 1.0
+        return (alpha if 0.0 < alpha < math.inf else 1.0), 1
 
     def _search(self, p: np.ndarray, slope: float):
         alpha0, passes = self._first_step(p, slope)

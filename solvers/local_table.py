@@ -62,7 +62,7 @@ class LocalTable:
 
     def _table(self, columns: int) -> np.ndarray:
         """The 2-column table is kept for every evaluation; a 3-column one (the Hessian pass, once
-        per run) is not kept."""
+        per run) is made for that pass and dropped at the next :meth:`load`."""
         if columns != 2:
             return np.empty((self.size + 1, columns), dtype=np.float64)
         if self._pair is None:

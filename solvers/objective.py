@@ -115,6 +115,8 @@ class DistributedObjective:
     def restricted(self, table: LocalTable) -> DistributedObjective:
         """The same objective over the compact numbering of ``table`` (this rank's working
         table, see :mod:`solvers.local_table`): θ then has ``table.n_compact + 1`` entries."""
+        if table.size > 0 and table.n_compact == 0:
+            raise ValueError("the working table is not bound to the agreed feature set (LocalTable.bind)")
         out = copy.copy(self)
         out.table = table
         out.dim = table.n_compact + 1

@@ -43,7 +43,8 @@ class SolverParams:
     #: L-BFGS: while the memory holds fewer than this many curvature pairs (the first
     #: iterations, and after a restart), the line search starts at the 1-D Newton step along the
     #: direction, from one curvature pass (a gather over the rows, no scatter), instead of at
-    #: step 1, whose scale the few pairs do not yet fix; 0: always step 1.
+    #: step 1, whose scale the few pairs do not yet fix; 0: always step 1. Not for the hinge
+    #: loss (no curvature). A value above ``lbfgs_memory`` means a curvature pass every pass.
     lbfgs_newton_steps: int = 2
     #: Relative tolerance of L-BFGS: stop when ‖∇f‖ ≤ tol·‖∇f at the L-BFGS start‖ or when
     #: the objective changes by at most tol·|f| in a pass.

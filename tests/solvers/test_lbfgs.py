@@ -174,3 +174,28 @@ def test_the_first_line_searches_start_at_the_newton_step():
         assert res.objective == pytest.approx(runs[0].objective, rel=1e-9)
         assert [e.get("curvature_passes", 0) for e in res.history[1:]][: k + 1] == [1] * k + [0]
         assert all("curvature_passes" not in e for e in res.history[k + 1 :])
+
+
+def test_hinge_starts_at_step_one_and_a_bad_newton_step_falls_back_to_one():
+    """The hinge loss has no curvature: no curvature pass, step 1 (a penalty-only Newton step
+    along the unpenalized intercept would be absurd). A curvature that is not a finite positive
+    number gives step 1 too."""
+    import math
+
+    from solvers.lbfgs import LBFGSPhase
+
+    data = planted_problem(n=400, d=20, seed=31)
+    res = train_local(data, SolverParams(solver="hybrid", loss="hinge", l2=1e-3, passes=8))
+    assert all("curvature_passes" not in e for e in res.history)
+    assert res.stop_reason != "line_search_failed" and res.history[1]["step"] is not None
+
+    class Fake:
+        memory = type("M", (), {"count": 0})()
+        run = type("R", (), {"params": SolverParams(), "loss_id": 0})()
+        theta = None
+
+        def __init__(self, curv):
+            self.objective = type("O", (), {"curvature": staticmethod(lambda theta, p: curv)})()
+
+    for curv, want in ((2.0, 0.5), (math.inf, 1.0), (None, 1.0), (0.0, 1.0), (-1.0, 1.0), (1e-320, 1.0)):
+        assert LBFGSPhase._first_step(Fake(curv), None, -1.0) == (want, 1)
