@@ -35,6 +35,22 @@ BAD_LOSS = 2
 
 
 @njit(cache=True, nogil=True)
+def row_terms(loss_id, m, y):
+    """(status, ℓ, ℓ') of a row with margin m and label y: BAD_MARGIN or BAD_LOSS when the
+    margin or the loss is not finite (the logistic loss from one exp, see logistic_terms)."""
+    if not math.isfinite(m):
+        return BAD_MARGIN, 0.0, 0.0
+    if loss_id == LOGISTIC:
+        loss, g, _ = logistic_terms(m, y)
+    else:
+        loss = loss_value(loss_id, m, y)
+        g = loss_derivative(loss_id, m, y)
+    if not math.isfinite(loss):
+        return BAD_LOSS, loss, g
+    return OK, loss, g
+
+
+@njit(cache=True, nogil=True)
 def loss_grad_hess(indptr, indices, values, labels, weights, theta, loss_id, grad, hess, start,
                    stop, loss_sum):
     """Accumulate the sums of the module docstring over rows ``start..stop-1``, the loss onto
@@ -55,17 +71,11 @@ def loss_grad_hess(indptr, indices, values, labels, weights, theta, loss_id, gra
         m = theta[d]
         for k in range(a, b):
             m += theta[indices[k]] * values[k]
-        if not math.isfinite(m):
-            return loss_sum, BAD_MARGIN, r
-        h = float(weights[r])
         y = float(labels[r])
-        if loss_id == LOGISTIC:
-            loss, g, _ = logistic_terms(m, y)
-        else:
-            loss = loss_value(loss_id, m, y)
-            g = loss_derivative(loss_id, m, y)
-        if not math.isfinite(loss):
-            return loss_sum, BAD_LOSS, r
+        status, loss, g = row_terms(loss_id, m, y)
+        if status != OK:
+            return loss_sum, status, r
+        h = float(weights[r])
         loss_sum += h * loss
         hg = h * g
         if want_grad and hg != 0.0:
@@ -102,17 +112,11 @@ def loss_grad_hess_table(indptr, indices, values, labels, weights, table, loss_i
         m = table[d, 0]
         for k in range(a, b):
             m += table[indices[k], 0] * values[k]
-        if not math.isfinite(m):
-            return loss_sum, BAD_MARGIN, r
-        h = float(weights[r])
         y = float(labels[r])
-        if loss_id == LOGISTIC:
-            loss, g, _ = logistic_terms(m, y)
-        else:
-            loss = loss_value(loss_id, m, y)
-            g = loss_derivative(loss_id, m, y)
-        if not math.isfinite(loss):
-            return loss_sum, BAD_LOSS, r
+        status, loss, g = row_terms(loss_id, m, y)
+        if status != OK:
+            return loss_sum, status, r
+        h = float(weights[r])
         loss_sum += h * loss
         hg = h * g
         if want_grad and hg != 0.0:
