@@ -195,6 +195,8 @@ class TrainConf:
     lbfgs_newton_steps: int = param(_SP.lbfgs_newton_steps, "while L-BFGS holds fewer curvature pairs than this, "
                                     "its line search starts at the 1-D Newton step along the direction (one curvature "
                                     "pass each) instead of step 1; 0 = always step 1", Interval(0, 1000, integer=True))
+    lbfgs_coarse: bool = param(_SP.lbfgs_coarse, "L-BFGS: add the field-level coarse correction (one column per "
+                               "field of the dataset's group map, and the intercept) to the Jacobi preconditioner")
     tol: float = param(_SP.tol, "relative tolerance on the gradient norm and the objective change", Interval(0, 1))
     early_stop_passes: int = param(_SP.early_stop_passes, "stop after this many passes without a better held-out loss (0: off)", Interval(0, 100000, integer=True))
     local_epochs: int = param(_SP.local_epochs, "cocoa: local SCD epochs per round (H)", Interval(1, 1000000, integer=True))

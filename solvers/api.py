@@ -39,7 +39,7 @@ __all__ = ["SOLVERS", "SolverParams", "TrainResult", "TrainRun", "register_solve
 def train(data: CSRData, comm: Communicator, params: SolverParams | None = None,
           holdout: CSRData | None = None, on_pass_end: Callable[[dict], Any] | None = None,
           resume: dict | None = None, progress: Callable[[int, int], Any] | None = None,
-          init: tuple[np.ndarray, float] | None = None) -> TrainResult:
+          init: tuple[np.ndarray, float] | None = None, groups: np.ndarray | None = None) -> TrainResult:
     """Fit a linear model to the data of all ranks (see :mod:`solvers.params` for the objective).
 
     ``holdout``: this rank's held-out rows (scored after every pass; early stopping).
@@ -47,7 +47,10 @@ def train(data: CSRData, comm: Communicator, params: SolverParams | None = None,
     (:mod:`solvers.state`); ``resume=state`` continues from one (every rank passes the same
     state). ``progress(pass_number, rows_done)``: called during every pass after each chunk of
     rows (heartbeats; it may raise to abandon the run). ``init=(weights, intercept)``: start
-    from these weights instead of zeros (ignored when resuming).
+    from these weights instead of zeros (ignored when resuming). ``groups``: the feature group
+    (field) of every feature, uint8 of length n_features with 255 for none, the same on every
+    rank (a featurized dataset's group map, ``pipeline.groups``): L-BFGS then adds the
+    field-level coarse correction to its preconditioner (``lbfgs_coarse``).
 
     No collective happens before the first pass over the data is done (the input agreement
     rides on the first collective). Raises InvalidInputError / NonFiniteInputError for bad
@@ -58,6 +61,7 @@ def train(data: CSRData, comm: Communicator, params: SolverParams | None = None,
     if resume is not None:
         RESUME_CHECKS.get(params.solver, check_resume)(resume, params, data.n_features)
     theta0 = None if init is None or resume is not None else _initial_theta(init, data.n_features)
+    _check_groups(groups, data.n_features)
     inputs = Inputs(comm.rank, data, holdout, params.loss)
     solver_comm = AgreeingCommunicator(comm, inputs)
     if inputs.problem is not None:
@@ -67,7 +71,7 @@ def train(data: CSRData, comm: Communicator, params: SolverParams | None = None,
     on_rows = rows_reporter(progress, tracker)
     objective = DistributedObjective(inputs, solver_comm, loss_id, params.l2, on_rows)
     run = TrainRun(solver_comm, params, inputs, loss_id, objective, tracker, on_pass_end, resume,
-                   on_rows, theta0)
+                   on_rows, theta0, groups)
     return solve(run)
 
 
@@ -80,3 +84,15 @@ def _initial_theta(init: tuple[np.ndarray, float], n_features: int) -> np.ndarra
     if not np.isfinite(theta).all():
         raise NonFiniteInputError("init: the initial weights or intercept are not finite")
     return theta
+
+
+def _check_groups(groups: np.ndarray | None, n_features: int) -> None:
+    if groups is None:
+        return
+    if not isinstance(groups, np.ndarray) or groups.dtype != np.uint8 or groups.shape != (n_features,):
+        shape = getattr(groups, "shape", None)
+        dtype = getattr(groups, "dtype", type(groups).__name__)
+        raise ValueError(
+            f"groups: must be a uint8 array of length n_features = {n_features} (255 = no group), "
+            f"got {dtype} of shape {shape}"
+        )

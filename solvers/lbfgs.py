@@ -5,8 +5,10 @@ pass plus ONE AllReduce (:mod:`solvers.objective`), and everything after it (two
 recursion, line search, stopping tests) is deterministic arithmetic on bit-identical bytes,
 so the ranks never drift.
 
-One L-BFGS pass = one iteration: direction p = −H·∇f (two-loop recursion, memory m, Jacobi
-preconditioner D = diag ∇²f at the L-BFGS start, floored at 1e-12·max D), a strong-Wolfe line
+One L-BFGS pass = one iteration: direction p = −H·∇f (two-loop recursion, memory m,
+preconditioner M⁻¹ from the L-BFGS start: Jacobi D⁻¹, D = diag ∇²f floored at 1e-12·max D, plus
+the field-level coarse correction S·E⁻¹·Sᵀ when the data come with a group map and
+``lbfgs_coarse`` is on, see :mod:`solvers.preconditioner`), a strong-Wolfe line
 search from α = 1 (from the 1-D Newton step while fewer than ``lbfgs_newton_steps`` curvature
 pairs are held, see :meth:`LBFGSPhase._first_step`), then the stopping tests, in this order:
 
@@ -15,7 +17,7 @@ pairs are held, see :meth:`LBFGSPhase._first_step`), then the stopping tests, in
     early stopping on held-out data                       -> "early_stop"
     the pass budget (``passes``, online passes included)  -> "max_passes"
 
-A line search that finds no acceptable step is retried once along −D⁻¹·∇f with the memory
+A line search that finds no acceptable step is retried once along −M⁻¹·∇f with the memory
 cleared; if that fails too the run stops with "line_search_failed" (the objective is then flat
 to rounding along the directions tried); if no trial point even had a finite objective, that
 is a divergence and raises.
@@ -24,7 +26,8 @@ The phase works on the active features only (:mod:`solvers.active`: those in som
 or non-zero at the start, in id order); the others stay exactly 0. The set is agreed
 right after the first collective (before the first evaluation when a pass came first). The
 tracker, checkpoints and the result get the weights over all features; a checkpoint also keeps
-the set (``lbfgs_active``), and the pairs, gradient and preconditioner in compact numbering.
+the set (``lbfgs_active``), and the pairs, gradient and preconditioner (``lbfgs_inv_diag``, and
+``lbfgs_coarse_group`` / ``lbfgs_coarse_E`` for the coarse correction) in compact numbering.
 """
 
 from __future__ import annotations
@@ -43,17 +46,16 @@ from solvers.linesearch import strong_wolfe
 from solvers.local_table import LocalTable
 from solvers.objective import DistributedObjective
 from solvers.online import resumed_stop
+from solvers.preconditioner import (
+    Jacobi,
+    TwoLevel,
+    coarse_matrix,
+    compact_groups,
+    from_state,
+    jacobi_inverse,
+)
 from solvers.registry import register_solver
 from solvers.run import TrainResult, TrainRun
-
-_DIAG_FLOOR = 1e-12
-
-
-def jacobi_inverse(hess_diag: np.ndarray) -> np.ndarray:
-    """1 / max(D_j, 1e-12·max D) (1 everywhere if D is all zero)."""
-    top = float(hess_diag.max()) if hess_diag.size else 0.0
-    floor = _DIAG_FLOOR * top if top > 0.0 else 1.0
-    return 1.0 / np.maximum(hess_diag, floor)
 
 
 @dataclass
@@ -64,7 +66,7 @@ class LBFGSPhase:
     theta: np.ndarray  # float64 [β over the active features, b]
     value: float
     grad: np.ndarray
-    inv_diag: np.ndarray
+    precond: Jacobi  # M⁻¹: Jacobi, or Jacobi + the field-level coarse correction (TwoLevel)
     memory: LBFGSMemory
     grad0_norm: float
     pending_evals: int = 0  # evaluations not yet attributed to a pass (the start)
@@ -104,7 +106,8 @@ class LBFGSPhase:
             theta, grad, hess = space.compact(theta0), space.compact(ev.grad), space.compact(ev.hess_diag)
             # the penalty summed in compact order, as every later value (and a resumed run) has it
             value = ev.loss_term + objective.penalty(theta)
-        return cls(run, space, objective, theta, value, grad, jacobi_inverse(hess),
+        precond = _preconditioner(run, space, objective.table, theta, jacobi_inverse(hess))
+        return cls(run, space, objective, theta, value, grad, precond,
                    LBFGSMemory(run.params.lbfgs_memory, theta.shape[0]), norm2(grad), 1)
 
     @classmethod
@@ -130,15 +133,15 @@ class LBFGSPhase:
         theta = space.compact(np.append(np.asarray(saved["weights"], dtype=np.float64), saved["intercept"]))
         return cls(run, space, objective, theta, float(saved["lbfgs_f"]),
                    np.array(saved["lbfgs_grad"], dtype=np.float64),
-                   np.array(saved["lbfgs_inv_diag"], dtype=np.float64), LBFGSMemory.from_state(saved),
+                   from_state(saved), LBFGSMemory.from_state(saved),
                    float(saved["lbfgs_grad0_norm"]))
 
     def _search_direction(self) -> tuple[np.ndarray, float]:
-        p = self.memory.direction(self.grad, self.inv_diag)
+        p = self.memory.direction(self.grad, self.precond)
         slope = dot(self.grad, p)
         if not slope < 0.0:  # the memory lost positive-definiteness numerically: restart
             self.memory.clear()
-            p = np.negative(self.grad * self.inv_diag)
+            p = np.negative(self.precond.apply(self.grad))
             slope = dot(self.grad, p)
         return p, slope
 
@@ -185,7 +188,7 @@ class LBFGSPhase:
             return "converged_grad"  # the gradient is zero to rounding
         res = self._search(p, slope)
         evals = res.evaluations + self.pending_evals
-        if not res.ok and self.memory.count > 0:  # retry once along −D⁻¹·∇f
+        if not res.ok and self.memory.count > 0:  # retry once along −M⁻¹·∇f
             self.memory.clear()
             p, slope = self._search_direction()
             if slope < 0.0:
@@ -223,7 +226,7 @@ class LBFGSPhase:
 
     def checkpoint(self, stop_reason: str | None) -> None:
         arrays, scalars = self.memory.to_state()
-        arrays.update(lbfgs_grad=self.grad, lbfgs_inv_diag=self.inv_diag, lbfgs_active=self.space.ids)
+        arrays.update(lbfgs_grad=self.grad, lbfgs_active=self.space.ids, **self.precond.to_state())
         scalars.update(lbfgs_f=self.value, lbfgs_grad0_norm=self.grad0_norm)
         self.run.checkpoint("lbfgs", self.full_theta(), stop_reason, arrays, scalars)
 
@@ -242,6 +245,23 @@ class LBFGSPhase:
                 stop = "max_passes"
             self.checkpoint(stop)
         return self.run.finish(self.full_theta(), self.value, stop)
+
+
+def _preconditioner(run: TrainRun, space: ActiveFeatures, table: LocalTable, theta: np.ndarray,
+                    inv_diag: np.ndarray) -> Jacobi:
+    """Jacobi plus the field-level coarse correction when the run has a group map and
+    ``lbfgs_coarse`` is on (not for the hinge loss: its data curvature is 0, so E would be the
+    penalty alone and singular along the intercept); else Jacobi."""
+    if run.groups is None or not run.params.lbfgs_coarse or run.loss_id == HINGE:
+        return Jacobi(inv_diag)
+    group, sizes = compact_groups(run.groups, space.ids)
+    if sizes.size == 0:  # no active feature has a group: nothing to correct
+        return Jacobi(inv_diag)
+    E = coarse_matrix(run.comm, table, group, sizes, theta, run.loss_id, run.params.l2,
+                      run.inputs.total_weight)
+    if E is None:
+        raise DivergenceError("non-finite margin at the L-BFGS starting point (coarse matrix); see the rank's data")
+    return TwoLevel(inv_diag, group, E)
 
 
 def lbfgs_from(run: TrainRun, theta0: np.ndarray) -> TrainResult:

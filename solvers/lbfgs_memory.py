@@ -1,10 +1,11 @@
-"""L-BFGS memory and the two-loop recursion with a Jacobi (diagonal) preconditioner.
+"""L-BFGS memory and the two-loop recursion with a preconditioner.
 
 With pairs sᵢ = θᵢ₊₁ − θᵢ, yᵢ = ∇fᵢ₊₁ − ∇fᵢ, ρᵢ = 1/(yᵢ·sᵢ), newest first:
 
     q ← g;  for i = newest … oldest:  αᵢ = ρᵢ·(sᵢ·q),  q ← q − αᵢ·yᵢ
-    r ← γ·D⁻¹·q,  D = diag ∇²f at the L-BFGS start (Jacobi),
-                  γ = (s·y)/(y·D⁻¹·y) of the newest pair (1 with no pair yet)
+    r ← γ·M⁻¹·q,  M⁻¹ the preconditioner (:mod:`solvers.preconditioner`: Jacobi, or Jacobi
+                  plus a field-level coarse correction),
+                  γ = (s·y)/(y·M⁻¹·y) of the newest pair (1 with no pair yet)
     for i = oldest … newest:  βᵢ = ρᵢ·(yᵢ·r),  r ← r + (αᵢ − βᵢ)·sᵢ
     direction = −r  (≈ −H⁻¹·g)
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from solvers.kernels.vector import axpy, dot, pair_products, store_pair, weighted_dot
+from solvers.kernels.vector import axpy, dot, pair_products, store_pair
 
 _CURVATURE_EPS = 1e-12
 
@@ -55,8 +56,9 @@ class LBFGSMemory:
         self.count = 0
         self.newest = -1
 
-    def direction(self, grad: np.ndarray, inv_diag: np.ndarray) -> np.ndarray:
-        """−H·grad by the two-loop recursion of the module docstring."""
+    def direction(self, grad: np.ndarray, precond) -> np.ndarray:
+        """−H·grad by the two-loop recursion of the module docstring; ``precond`` has
+        ``apply(q)`` (M⁻¹·q, a new array) and ``quad(y)`` (yᵀ·M⁻¹·y)."""
         order = self.slots()
         q = grad.copy()
         alphas = {}
@@ -67,8 +69,8 @@ class LBFGSMemory:
         gamma = 1.0
         if order:
             y = self.Y[self.newest]
-            gamma = (1.0 / self.rho[self.newest]) / weighted_dot(y, inv_diag, y)
-        r = q * inv_diag
+            gamma = (1.0 / self.rho[self.newest]) / precond.quad(y)
+        r = precond.apply(q)
         r *= gamma
         for slot in order:
             b = self.rho[slot] * dot(self.Y[slot], r)

@@ -24,6 +24,7 @@ import dataclasses
 import numpy as np
 
 from solvers.active import ActiveFeatures
+from solvers.kernels import coarse as KC
 from solvers.kernels import objective as K
 from solvers.kernels.features import load_column, number_by_first_use, store_column
 from solvers.shard import Shard
@@ -96,6 +97,24 @@ class LocalTable:
         s, t = self.shard, self._current
         return K.loss_grad_hess_table(s.indptr, s.indices, s.values, s.labels, s.weights, t, loss_id,
                                       want_grad, want_hess and t.shape[1] > 2, start, stop, loss_sum)
+
+    def coarse_sums(self, theta: np.ndarray, group: np.ndarray, n_groups: int, loss_id: int,
+                    stride: int, E: np.ndarray) -> str | None:
+        """Add this rank's estimate of Σᵢ hᵢ·ℓ''ᵢ·aᵢ·aᵢᵀ (:mod:`solvers.kernels.coarse`; θ and
+        ``group`` compact) into E: the rows r with r % stride == 0, scaled by the shard's
+        weight over theirs. Returns the problem (a non-finite margin) or None."""
+        s = self.shard
+        t = self._table(2)
+        load_column(theta, self.compact_of, t, 0)
+        self._current = t
+        local_group = group[self.compact_of] if self.size else np.zeros(0, dtype=np.int16)
+        used, status, row = KC.coarse_rows(s.indptr, s.indices, s.values, s.labels, s.weights, t,
+                                           local_group, n_groups, loss_id, 0, s.n_rows, stride, E)
+        if status != KC.OK:
+            return f"rank-local non-finite margin at row {row}"
+        if used > 0.0:
+            E *= s.weight_sum() / used
+        return None
 
     def unload(self, grad: np.ndarray, hess: np.ndarray) -> None:
         """Write the accumulated sums into ``grad`` / ``hess`` (compact, intercept last; the

@@ -46,6 +46,11 @@ class SolverParams:
     #: step 1, whose scale the few pairs do not yet fix; 0: always step 1. Not for the hinge
     #: loss (no curvature). A value above ``lbfgs_memory`` means a curvature pass every pass.
     lbfgs_newton_steps: int = 2
+    #: L-BFGS: add the field-level coarse correction to the Jacobi preconditioner when the data
+    #: come with a group map (the feature field of each hashed bucket; the featurizer writes
+    #: one): exact curvature along "shift a field's weights, compensate with the intercept",
+    #: directions the data barely constrain (:mod:`solvers.preconditioner`). Off: Jacobi only.
+    lbfgs_coarse: bool = True
     #: Relative tolerance of L-BFGS: stop when ‖∇f‖ ≤ tol·‖∇f at the L-BFGS start‖ or when
     #: the objective changes by at most tol·|f| in a pass.
     tol: float = 1e-7
@@ -116,6 +121,7 @@ CONSTRAINTS = {
     "learning_rate": (_finite_float(0.0, True), "a finite number > 0"),
     "lbfgs_memory": (_int_in(1, 1000), "an integer in [1, 1000]"),
     "lbfgs_newton_steps": (_int_in(0, 1000), "an integer in [0, 1000]"),
+    "lbfgs_coarse": (lambda v: isinstance(v, bool), "true or false"),
     "tol": (_finite_float(0.0, False), "a finite number >= 0"),
     "early_stop_passes": (_int_in(0, 1_000_000), "an integer in [0, 1000000]"),
     "seed": (_int_in(0, 2**63 - 1), "an integer in [0, 2^63 - 1]"),

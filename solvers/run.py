@@ -58,6 +58,7 @@ class TrainRun:
     resume: dict | None = None
     report_rows: Callable[[int], None] | None = None  # see rows_reporter
     init: np.ndarray | None = None  # float64 [β, b] to start from, or None (zeros)
+    groups: np.ndarray | None = None  # uint8 group of each feature (255: none), or None
 
     @property
     def n_features(self) -> int:

@@ -8,6 +8,7 @@ import numpy as np
 
 from solvers.kernels.vector import dot, pair_products
 from solvers.lbfgs_memory import LBFGSMemory
+from solvers.preconditioner import Jacobi, TwoLevel
 
 
 def _pair(rng, n):
@@ -45,9 +46,22 @@ def test_push_stores_the_rounded_pair_and_keeps_the_memory_on_a_rejected_one():
         np.testing.assert_array_equal(a, b)
 
 
+def _preconditioners(n: int, hess: np.ndarray):
+    """(preconditioner, its dense M⁻¹): Jacobi, and Jacobi plus a coarse correction over two
+    groups (coordinates 0-2, 3-5; 6 in none; the last one is the intercept's column)."""
+    inv_diag = 1.0 / np.diag(hess)
+    group = np.array([0, 0, 0, 1, 1, 1, -1])
+    S = np.zeros((n, 3))
+    S[np.arange(n - 1)[group >= 0], group[group >= 0]] = 1.0
+    S[n - 1, 2] = 1.0
+    E = S.T @ hess @ S
+    yield Jacobi(inv_diag), np.diag(inv_diag)
+    yield TwoLevel(inv_diag, group, E), np.diag(inv_diag) + S @ np.linalg.solve(E, S.T)
+
+
 def test_direction_matches_the_dense_bfgs_update():
     """With float32-exact pairs, the two-loop recursion equals −H·g for the inverse Hessian
-    approximation built by the dense BFGS update from H0 = γ·D⁻¹."""
+    approximation built by the dense BFGS update from H0 = γ·M⁻¹, γ = s·y / yᵀM⁻¹y."""
     rng = np.random.default_rng(2)
     n = 8
     a = rng.normal(size=(n, n))
@@ -59,15 +73,15 @@ def test_direction_matches_the_dense_bfgs_update():
         y = (hess @ s).astype(np.float32).astype(np.float64)
         assert mem.push(s, np.zeros(n), y, np.zeros(n))
         pairs.append((s, y))
-    inv_diag = 1.0 / np.diag(hess)
     g = rng.normal(size=n)
-    s, y = pairs[-1]
-    h = (s @ y) / (y @ (inv_diag * y)) * np.diag(inv_diag)
-    for s, y in pairs:
-        rho = 1.0 / (s @ y)
-        v = np.eye(n) - rho * np.outer(y, s)
-        h = v.T @ h @ v + rho * np.outer(s, s)
-    np.testing.assert_allclose(mem.direction(g, inv_diag), -h @ g, rtol=1e-10, atol=1e-12)
+    for precond, dense in _preconditioners(n, hess):
+        s, y = pairs[-1]
+        h = (s @ y) / (y @ dense @ y) * dense
+        for s, y in pairs:
+            rho = 1.0 / (s @ y)
+            v = np.eye(n) - rho * np.outer(y, s)
+            h = v.T @ h @ v + rho * np.outer(s, s)
+        np.testing.assert_allclose(mem.direction(g, precond), -h @ g, rtol=1e-10, atol=1e-12)
 
 
 def test_float32_products_are_widened_before_multiplying():

@@ -56,6 +56,19 @@ def test_resume_from_every_pass_matches_the_uninterrupted_run(name):
         _same(resumed, full)
 
 
+def test_resume_with_the_coarse_correction_matches_the_uninterrupted_run():
+    """The coarse matrix is computed once, at the L-BFGS start, and restored from the state."""
+    data = planted_problem(n=400, d=30, seed=53)
+    gmap = (np.arange(30) % 4).astype(np.uint8)
+    gmap[::7] = 255
+    params = SolverParams(solver="hybrid", l2=1e-3, passes=10)
+    states = []
+    full = train_local(data, params, on_pass_end=keep(states), groups=gmap)
+    assert "lbfgs_coarse_E" in states[-1]
+    for state in states:
+        _same(train_local(data, params, resume=_round_trip(state), groups=gmap), full)
+
+
 def test_resume_with_early_stopping_keeps_the_best_weights():
     data = planted_problem(n=400, d=30, seed=52)
     # held-out labels anti-correlated with the training signal: the held-out loss gets worse
