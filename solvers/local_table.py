@@ -46,6 +46,7 @@ class LocalTable:
         self.n_compact = 0
         self._pair: np.ndarray | None = None
         self._current = self._table(2)
+        self._theta: np.ndarray | None = None  # the θ array column 0 of _current was loaded from
 
     def bind(self, space: ActiveFeatures) -> LocalTable:
         """Map the slots to ``space``'s compact coordinates; raises ValueError if the shard
@@ -76,14 +77,14 @@ class LocalTable:
         t = self._table(3 if with_hessian else 2)
         t[:, 1:] = 0.0
         load_column(theta, self.compact_of, t, 0)
-        self._current = t
+        self._current, self._theta = t, theta
 
     def load_direction(self, theta: np.ndarray, p: np.ndarray) -> None:
         """Start a curvature pass: θ into column 0, the direction p into column 1 (compact)."""
         t = self._table(2)
         load_column(theta, self.compact_of, t, 0)
         load_column(p, self.compact_of, t, 1)
-        self._current = t
+        self._current, self._theta = t, theta
 
     def curvature_rows(self, loss_id: int, start: int, stop: int, acc: float) -> tuple[float, int, int]:
         """The curvature kernel over rows ``start..stop-1`` (see :meth:`load_direction`)."""
@@ -104,9 +105,11 @@ class LocalTable:
         ``group`` compact) into E: the rows r with r % stride == 0, scaled by the shard's
         weight over theirs. Returns the problem (a non-finite margin) or None."""
         s = self.shard
-        t = self._table(2)
-        load_column(theta, self.compact_of, t, 0)
-        self._current = t
+        t = self._current
+        if self._theta is not theta:  # column 0 does not hold θ yet (the start evaluation's does)
+            t = self._table(2)
+            load_column(theta, self.compact_of, t, 0)
+            self._current, self._theta = t, theta
         local_group = group[self.compact_of] if self.size else np.zeros(0, dtype=np.int16)
         used, status, row = KC.coarse_rows(s.indptr, s.indices, s.values, s.labels, s.weights, t,
                                            local_group, n_groups, loss_id, 0, s.n_rows, stride, E)
