@@ -21,6 +21,7 @@ from pipeline.criteo_kernel import (
     field_prefixes,
     parse_criteo_block,
 )
+from pipeline.groups import token_groups
 from pipeline.libsvm_kernel import parse_libsvm_block
 from pipeline.rowkernels import POW10, count_lines
 from pipeline.spec import FeatureSpec
@@ -127,13 +128,24 @@ class ParsedBlock:
 
 
 class BlockParser:
-    """Parses blocks of one format with one spec, reusing its output buffers."""
+    """Parses blocks of one format with one spec, reusing its output buffers.
 
-    def __init__(self, spec: FeatureSpec, max_line: int):
+    ``groups``: an optional group map (uint8, 2^bits entries, ``pipeline.groups``) that every
+    parsed block updates in place: each bucket a good line hashes a token to gets the smallest
+    group number seen for it.
+    """
+
+    def __init__(self, spec: FeatureSpec, max_line: int, groups: np.ndarray | None = None):
         self.spec = spec
         self.max_line = max_line
         self.mask = (1 << spec.bits) - 1
+        if groups is not None and (groups.dtype != np.uint8 or groups.shape != (1 << spec.bits,)
+                                   or not groups.flags.c_contiguous or not groups.flags.writeable):
+            raise ValueError(f"groups must be a writable contiguous uint8 array of 2^bits = {1 << spec.bits} "
+                             f"entries, not {groups.dtype} of shape {groups.shape}")
+        self.groups = groups if groups is not None else np.zeros(0, np.uint8)  # empty: no map
         if spec.format == "criteo":
+            self.sel_group, self.conj_group = token_groups(spec)
             self.sel = np.array([field_id(f) for f in spec.fields], dtype=np.int64)
             self.conj = np.array([[field_id(a), field_id(b)] for a, b in spec.conjunctions], dtype=np.int64).reshape(-1, 2)
             self.pdata, self.poff = field_prefixes()
@@ -159,6 +171,7 @@ class BlockParser:
             self._cap_nnz = max(nnz, int(self._cap_nnz * 1.5))
             self.indices = np.zeros(self._cap_nnz, np.int32)
             self.values = np.zeros(self._cap_nnz, np.float32)
+            self.entry_group = np.zeros(self._cap_nnz, np.uint8)  # LibSVM: stays 0, its one group
 
     def parse(self, data: np.ndarray) -> ParsedBlock:
         n_bytes = data.shape[0]
@@ -173,6 +186,7 @@ class BlockParser:
                 data, n_bytes, self.max_line, self.sel, self.int_mode, self.conj, self.pdata, self.poff,
                 self.mask, self.spec.seed, self.int_table, self._seps, self._tmp, self.status, self.line_start, self.line_len, self.labels,
                 self.indptr, self.indices, self.values, self.row_multi, self.scratch,
+                self.groups, self.sel_group, self.conj_group, self.entry_group,
             )
         else:
             colons = int(np.count_nonzero(data == 58))
@@ -180,7 +194,7 @@ class BlockParser:
             n_lines, n_rows, nnz = parse_libsvm_block(
                 data, n_bytes, self.max_line, self.spec.libsvm_index_base, 1 << self.spec.bits, POW10,
                 self.status, self.line_start, self.line_len, self.labels, self.indptr, self.indices,
-                self.values, self.row_multi,
+                self.values, self.row_multi, self.groups, self.entry_group,
             )
         return ParsedBlock(
             n_lines=n_lines,

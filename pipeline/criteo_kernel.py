@@ -4,6 +4,7 @@ A block is a uint8 array holding whole lines. For each line the kernel validates
 long, UTF-8, 40 fields, label 0/1, integer fields), builds the feature tokens of
 ``pipeline.spec`` in a scratch buffer, hashes them with murmur3 and writes one CSR row of sorted,
 unique indices (colliding tokens add their values). Bad lines get a reason code and no row.
+Optionally it also records which field each bucket came from (the group map, ``pipeline.groups``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pipeline.rowkernels import (
     LINE_TOO_LONG,
     OK,
     WRONG_FIELD_COUNT,
+    lower_groups,
     parse_int,
     valid_utf8,
     write_int,
@@ -93,8 +95,12 @@ RANK_SORT_MAX = 64  # rows up to this many entries sort by branchless ranking, l
 
 
 @njit(cache=True)  # not inlined: LLVM vectorizes the ranking loop only in its own function
-def _sort_count_row(indices, values, start, end, tmp):
-    """Sort indices[start:end], merge duplicates into counts in values. Returns the new end."""
+def _sort_count_row(indices, values, start, end, tmp, row_group, entry_group):
+    """Sort indices[start:end], merge duplicates into counts in values. Returns the new end.
+
+    row_group[j] is the group of token start + j; entry_group[start:new end] gets the smallest
+    group of the tokens merged into each entry.
+    """
     n = end - start
     if n <= RANK_SORT_MAX:
         # rank of each entry = entries smaller, ties broken by position: branchless, vectorizes
@@ -109,17 +115,24 @@ def _sort_count_row(indices, values, start, end, tmp):
             rank = 0
             for j in range(m):
                 rank += np.int64(tmp[j] < k)
-            tmp[64 + rank] = k >> 6
+            tmp[64 + rank] = k
         for i in range(n):
-            indices[start + i] = tmp[64 + i]
+            k = tmp[64 + i]
+            indices[start + i] = k >> 6
+            entry_group[start + i] = row_group[k & 63]
     else:
+        for i in range(n):
+            entry_group[start + i] = row_group[i]
         for i in range(start + 1, end):
             k = indices[i]
+            g = entry_group[i]
             j = i - 1
             while j >= start and indices[j] > k:
                 indices[j + 1] = indices[j]
+                entry_group[j + 1] = entry_group[j]
                 j -= 1
             indices[j + 1] = k
+            entry_group[j + 1] = g
     if n == 0:
         return end
     w = start
@@ -127,9 +140,11 @@ def _sort_count_row(indices, values, start, end, tmp):
     for i in range(start + 1, end):
         if indices[i] == indices[w]:
             values[w] += 1.0
+            entry_group[w] = min(entry_group[w], entry_group[i])
         else:
             w += 1
             indices[w] = indices[i]
+            entry_group[w] = entry_group[i]
             values[w] = 1.0
     return w + 1
 
@@ -163,12 +178,17 @@ def count_separators(buf, n_bytes):
 def parse_criteo_block(
     buf, n_bytes, max_line, sel, int_mode, conj, pdata, poff, mask, seed, int_table, seps, tmp,
     status, line_start, line_len, labels, indptr, indices, values, row_multi, scratch,
+    groups, sel_group, conj_group, entry_group,
 ):
     """Parse buf[:n_bytes]. Returns (n_lines, n_rows, nnz).
 
     sel: int64 feature field ids in token order; int_mode 0 = log_squared, 1 = identity;
     conj: int64 (C, 2) field id pairs; mask = 2^bits - 1; int_table from ``build_int_table``; seps sized by ``count_separators`` + 1;
     tmp at least as long as the longest row.
+    Group map (``pipeline.groups``): sel_group[j] / conj_group[j] (uint8) are the groups of the
+    tokens of field sel[j] / conjunction j; entry_group (uint8, per non-zero) gets the smallest
+    group of each entry's tokens; groups (uint8, 2^bits entries, or empty for none) gets
+    groups[i] = min(groups[i], g) for every entry (i, g) of a good line.
     Output arrays are sized by the caller (status/line_* per line, labels/indptr/row_multi per
     row, indices/values per non-zero).
     """
@@ -176,6 +196,8 @@ def parse_criteo_block(
     flen = np.zeros(N_COLS, dtype=np.int64)
     rawv = np.zeros(N_INT, dtype=np.int64)
     present = np.zeros(N_INT + N_CAT, dtype=np.bool_)
+    row_group = np.zeros(sel.shape[0] + conj.shape[0], dtype=np.uint8)  # group of each token of the row
+    track = groups.shape[0] > 0
     n_seps, non_ascii = find_separators(buf, n_bytes, seps)
     ks = 0
     n_lines = 0
@@ -249,6 +271,7 @@ def parse_criteo_block(
                 else:
                     pos = _write_token(f, buf, fstart, flen, rawv, int_mode, pdata, poff, scratch, 0)
                     indices[nnz] = murmur3_32(scratch, 0, pos, seed) & mask
+                row_group[nnz - r0] = sel_group[j]
                 nnz += 1
             for j in range(conj.shape[0]):
                 a = conj[j, 0]
@@ -259,11 +282,14 @@ def parse_criteo_block(
                 scratch[pos] = 94  # '^'
                 pos = _write_token(b, buf, fstart, flen, rawv, int_mode, pdata, poff, scratch, pos + 1)
                 indices[nnz] = murmur3_32(scratch, 0, pos, seed) & mask
+                row_group[nnz - r0] = conj_group[j]
                 nnz += 1
             raw = nnz
-            nnz = _sort_count_row(indices, values, r0, raw, tmp)
+            nnz = _sort_count_row(indices, values, r0, raw, tmp, row_group, entry_group)
             row_multi[n_rows] = nnz != raw
             n_rows += 1
             indptr[n_rows] = nnz
         p = nxt
+    if track:
+        lower_groups(groups, indices, entry_group, 0, nnz)
     return n_lines, n_rows, nnz

@@ -2,7 +2,8 @@
 
 Runs inside a Spark executor but never imports pyspark; the Spark adapter passes it plain data.
 Output goes to a directory private to the task attempt; the driver commits the attempt whose
-result Spark accepted, so retried or speculative attempts never duplicate or lose rows.
+result Spark accepted, so retried or speculative attempts never duplicate or lose rows. Besides
+the Parquet file the attempt directory holds the task's group map (``pipeline.groups``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import fsutil
+from pipeline import fsutil, groups
 from pipeline.blocks import BlockParser, LongLine, Piece, iter_blocks
-from pipeline.rowkernels import LINE_TOO_LONG, REASONS, mark_features
+from pipeline.rowkernels import LINE_TOO_LONG, REASONS
 from pipeline.spec import FeatureSpec
 
 OUTPUT_SCHEMA = pa.schema(
@@ -43,7 +44,6 @@ QUARANTINE_SCHEMA = pa.schema(
 
 DATA_FILE = "data.parquet"
 QUARANTINE_FILE = "quarantine.parquet"
-DISTINCT_BITMAP_MAX_BITS = 26  # 8 MiB bitmap per task; above this distinct features are not counted
 
 
 class MalformedInput(ValueError):
@@ -122,9 +122,9 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
     fs.create_dir(inner, recursive=True)
     data_path = fsutil.join(attempt_dir, DATA_FILE)
     _, data_inner = fsutil.resolve(data_path)
-    parser = BlockParser(spec, opts.max_line_bytes)
+    group_map = groups.new_map(spec.bits)  # None above GROUPS_MAX_BITS
+    parser = BlockParser(spec, opts.max_line_bytes, groups=group_map)  # the kernels update the map
     quarantine = _Quarantine(opts.raw_cap)
-    bitmap = np.zeros((1 << spec.bits) >> 3 or 1, np.uint8) if spec.bits <= DISTINCT_BITMAP_MAX_BITS else None
     per_input: dict[str, dict] = {}
     totals = {"rows": 0, "nnz": 0, "positives": 0.0, "weight_sum": 0.0, "multi_rows": 0}
     pending: list[pa.RecordBatch] = []
@@ -176,8 +176,6 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
                 totals["positives"] += float(pb.labels.sum(dtype=np.float64))
                 totals["weight_sum"] += float(n_rows)
                 totals["multi_rows"] += int(pb.row_multi.sum())
-                if bitmap is not None:
-                    mark_features(pb.indices, bitmap)
                 pending.append(
                     _arrow_batch(pb.labels.copy(), pb.indptr.copy(), pb.indices.copy(), pb.values.copy(), pb.row_multi.copy())
                 )
@@ -195,13 +193,17 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
         q_path = fsutil.join(attempt_dir, QUARANTINE_FILE)
         _, q_inner = fsutil.resolve(q_path)
         pq.write_table(quarantine.table(), q_inner, filesystem=fs)
+    g_path = None
+    if group_map is not None and totals["rows"] > 0:  # a task without rows adds nothing to the map
+        g_path = fsutil.join(attempt_dir, groups.TASK_GROUPS_FILE)
+        groups.write_map(g_path, group_map)
     return {
         "task": task_index,
         "data_path": data_path,
         "quarantine_path": q_path,
         "bytes": int(fs.get_file_info(data_inner).size),
         "inputs": per_input,
-        "bitmap": None if bitmap is None else bitmap.tobytes(),
+        "groups_path": g_path,  # the task's group map; the driver merges them, never collects them
         "seconds": time.perf_counter() - t0,
         **totals,
     }

@@ -18,6 +18,7 @@ from pipeline.rowkernels import (
     LINE_TOO_LONG,
     OK,
     UNPARSABLE,
+    lower_groups,
     parse_float,
     sort_merge_row,
     valid_utf8,
@@ -34,9 +35,14 @@ def _is_space(c):
 @njit(cache=True)
 def parse_libsvm_block(
     buf, n_bytes, max_line, base, n_buckets, pow10,
-    status, line_start, line_len, labels, indptr, indices, values, row_multi,
+    status, line_start, line_len, labels, indptr, indices, values, row_multi, groups, entry_group,
 ):
-    """Parse buf[:n_bytes]. Returns (n_lines, n_rows, nnz). Same output layout as the Criteo kernel."""
+    """Parse buf[:n_bytes]. Returns (n_lines, n_rows, nnz). Same output layout as the Criteo kernel.
+
+    groups: uint8 group map of n_buckets entries, or empty for none; every index of a good row
+    gets group 0 (LibSVM rows have one group, ``pipeline.groups``). entry_group: uint8 zeros, at
+    least one per non-zero (read, not written).
+    """
     n_lines = 0
     n_rows = 0
     nnz = 0
@@ -131,4 +137,6 @@ def parse_libsvm_block(
                     nnz = r0
         status[li] = st
         p = nxt
+    if groups.shape[0] > 0:
+        lower_groups(groups, indices, entry_group, 0, nnz)
     return n_lines, n_rows, nnz

@@ -9,8 +9,6 @@ from __future__ import annotations
 import datetime as _dt
 from importlib import metadata
 
-import numpy as np
-
 from pipeline import fsutil
 from pipeline.spec import FeatureSpec
 
@@ -30,10 +28,6 @@ def terascale_version() -> str:
         return "0+unknown"
 
 
-def popcount(bitmap: np.ndarray) -> int:
-    return int(np.unpackbits(bitmap).sum(dtype=np.int64))
-
-
 def merge_inputs(results: list[dict], all_inputs: list[str]) -> list[dict]:
     """Per input file: lines = rows + quarantined, summed over the tasks that read parts of it."""
     acc = {u: {"path": u, "lines": 0, "rows": 0, "quarantined": 0, "by_reason": {}} for u in all_inputs}
@@ -49,7 +43,10 @@ def merge_inputs(results: list[dict], all_inputs: list[str]) -> list[dict]:
 
 
 def build_manifest(spec: FeatureSpec, inputs: list[str], files: list[dict], quarantine_files: list[str],
-                   per_input: list[dict], distinct: int | None, seconds: float, options: dict) -> dict:
+                   per_input: list[dict], distinct: int | None, seconds: float, options: dict,
+                   groups: dict | None = None) -> dict:
+    """The manifest. ``groups``: the group map entry (``pipeline.groups``: path, names, buckets)
+    or None when the dataset has no group map."""
     rows = sum(f["rows"] for f in files)
     positives = sum(f["positives"] for f in files)
     by_reason: dict[str, int] = {}
@@ -76,6 +73,7 @@ def build_manifest(spec: FeatureSpec, inputs: list[str], files: list[dict], quar
         "label_mean": positives / rows if rows else None,
         "weight_sum": sum(f["weight_sum"] for f in files),
         "distinct_features": distinct,
+        "groups": groups,
         "lines": sum(p["lines"] for p in per_input),
         "quarantine": {
             "rows": sum(by_reason.values()),

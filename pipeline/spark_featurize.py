@@ -2,15 +2,17 @@
 
 Spark schedules the tasks, retries them and runs speculative copies; it never carries the data.
 Each task reads its byte ranges itself (pyarrow filesystems), parses and hashes them in a
-compiled kernel, and writes one Parquet file into a directory private to its attempt. The driver
-then commits: it removes the old manifest, moves the accepted attempts' files into place, writes
-the new manifest (the commit marker) atomically and removes the staging area. A failed run
-leaves no manifest.
+compiled kernel, and writes one Parquet file and its group map into a directory private to its
+attempt. The executors merge the accepted attempts' group maps (elementwise minimum,
+``pipeline.groups``). The driver then commits: it removes the old manifest, moves the accepted
+attempts' files into place, writes the merged group map and then the new manifest (the commit
+marker) atomically and removes the staging area. A failed run leaves no manifest.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from dataclasses import asdict, replace
@@ -18,10 +20,10 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from allreduce.spark import spark_error_summary as task_error_summary
-from pipeline import fsutil
+from pipeline import fsutil, groups
 from pipeline.blocks import Piece, align_range
 from pipeline.featurize_task import MalformedInput, TaskOptions, run_task
-from pipeline.manifest import MANIFEST, QUARANTINE_DIR, build_manifest, merge_inputs, popcount
+from pipeline.manifest import MANIFEST, QUARANTINE_DIR, build_manifest, merge_inputs
 from pipeline.plan import assign, output_files, plan_ranges
 from pipeline.spec import FeatureSpec
 
@@ -115,17 +117,44 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
         raise FeaturizeError(f"featurize failed: {task_error_summary(e)}") from e
     finally:
         sc.setJobDescription(None)
-    manifest = _commit(out, staging, spec, [f.uri for f in files], results, time.perf_counter() - t0, asdict(opts))
+    try:
+        group_map = _merge_groups(sc, spec, results)
+    except Exception as e:  # noqa: BLE001 - as above
+        fsutil.delete(staging)
+        raise FeaturizeError(f"featurize failed merging the group maps: {task_error_summary(e)}") from e
+    finally:
+        sc.setJobDescription(None)
+    manifest = _commit(out, staging, spec, [f.uri for f in files], results, time.perf_counter() - t0, asdict(opts),
+                       group_map)
     return manifest
 
 
+def _merge_groups(sc, spec: FeatureSpec, results: list[dict]) -> np.ndarray | None:
+    """The elementwise minimum of the tasks' group maps, computed on the executors.
+
+    Each partition reduces its share of the maps; a tree reduction deep enough that the driver
+    combines only a few partial maps (each is 2^bits bytes) brings back the one result.
+    """
+    if spec.bits > groups.GROUPS_MAX_BITS:
+        return None
+    paths = [r["groups_path"] for r in sorted(results, key=lambda r: r["task"]) if r["groups_path"]]
+    n_buckets = 1 << spec.bits
+    if not paths:  # no task wrote a row
+        return groups.new_map(spec.bits)
+    n = min(len(paths), max(1, sc.defaultParallelism))
+    depth = max(2, math.ceil(math.log(n, 4))) if n > 1 else 1
+    sc.setJobDescription(f"terascale featurize: merge {len(paths)} group maps")
+    return (sc.parallelize(paths, n).map(lambda p: groups.load_map(p, n_buckets))
+            .treeReduce(groups.merge_maps, depth))
+
+
 def _commit(out: str, staging: str, spec: FeatureSpec, inputs: list[str], results: list[dict],
-            seconds: float, options: dict) -> dict:
+            seconds: float, options: dict, group_map: np.ndarray | None = None) -> dict:
     manifest_path = fsutil.join(out, MANIFEST)
     fsutil.delete(manifest_path)  # the dataset is uncommitted from here until the new manifest lands
     for old in fsutil.list_files(out):
         name = old.rsplit("/", 1)[-1]
-        if name.startswith("part-") and name.endswith(".parquet"):
+        if (name.startswith("part-") and name.endswith(".parquet")) or name == groups.GROUPS_FILE:
             fsutil.delete(old)
     fsutil.delete(fsutil.join(out, QUARANTINE_DIR))
     files, qfiles = [], []
@@ -142,9 +171,13 @@ def _commit(out: str, staging: str, spec: FeatureSpec, inputs: list[str], result
             fsutil.makedirs(fsutil.join(out, QUARANTINE_DIR))
             fsutil.move(r["quarantine_path"], fsutil.join(out, QUARANTINE_DIR, name))
             qfiles.append(f"{QUARANTINE_DIR}/{name}")
-    bitmaps = [np.frombuffer(r["bitmap"], np.uint8) for r in results if r["bitmap"] is not None]
-    distinct = popcount(np.bitwise_or.reduce(bitmaps)) if bitmaps and len(bitmaps) == len(results) else None
-    manifest = build_manifest(spec, inputs, files, qfiles, merge_inputs(results, inputs), distinct, seconds, options)
+    group_entry, distinct = None, None
+    if group_map is not None:
+        groups.write_map(fsutil.join(out, groups.GROUPS_FILE), group_map)  # before the manifest
+        distinct = groups.bucket_count(group_map)
+        group_entry = {"path": groups.GROUPS_FILE, "names": groups.group_names(spec), "buckets": distinct}
+    manifest = build_manifest(spec, inputs, files, qfiles, merge_inputs(results, inputs), distinct, seconds, options,
+                              groups=group_entry)
     fsutil.write_json_atomic(manifest_path, manifest)
     fsutil.delete(staging)
     temp_root = fsutil.join(out, TEMP_DIR)

@@ -11,12 +11,14 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from jobs.config import CRITEO_FIELDS, load_config
 from pipeline.fsutil import InputError
 from pipeline.generate import MALFORMED_KINDS, generate_clicklogs
+from pipeline.groups import read_groups
 from pipeline.manifest import read_manifest
 from pipeline.spark_featurize import FeaturizeError, run_featurize
 from pipeline.spec import FeatureSpec, criteo_tokens, indices_values
@@ -117,6 +119,7 @@ def test_rows_are_conserved_exact_and_quarantined_with_reasons(spark, raw_logs, 
     assert m["label_mean"] == pytest.approx(m["positives"] / m["rows"])
     assert 0.2 < m["label_mean"] < 0.3
     assert 0 < m["distinct_features"] <= 2**18
+    assert m["groups"]["buckets"] == m["distinct_features"] and m["groups"]["names"] == [*CRITEO_FIELDS, "C6^C9", "I2^C14"]
     assert not (out / "_temporary").exists()
     schema = pq.read_schema(out / m["files"][0]["path"])
     assert [str(schema.field(c).type) for c in ("label", "weight", "indices", "values")] == [
@@ -129,12 +132,16 @@ def test_rerun_is_idempotent_and_replaces_the_old_output(spark, raw_logs, tmp_pa
     spec = _spec(conjunctions=())
     m1 = run_featurize(spark, [str(raw)], str(out), spec, _fconf("featurize.partitions=4"))
     rows1 = _written_rows(out)
+    groups1 = read_groups(str(out), m1)
     (out / "part-00099.parquet").write_bytes(b"stale")  # a leftover of some older run
     m2 = run_featurize(spark, [str(raw)], str(out), spec, _fconf("featurize.partitions=3"))
     assert _written_rows(out) == rows1
     assert m2["rows"] == m1["rows"] and len(m2["files"]) == 3
+    np.testing.assert_array_equal(read_groups(str(out), m2), groups1)  # the group map does not depend on the split
+    assert m2["groups"] == m1["groups"] and m2["distinct_features"] == m1["distinct_features"]
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["_manifest.json", "_quarantine", "part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    assert names == ["_groups.npy", "_manifest.json", "_quarantine", "part-00000.parquet", "part-00001.parquet",
+                     "part-00002.parquet"]
 
 
 def test_cut_files_gzip_and_line_numbers(spark, raw_logs, tmp_path):
