@@ -46,6 +46,14 @@ def checkpoint_dir(cfg: Config, model_dir: str) -> str:
     return cfg.train.checkpoint_dir or fsutil.normalize(model_dir).rstrip("/") + ".checkpoint"
 
 
+def _groups_path(data_dir: str, manifest: dict, params: SolverParams) -> str:
+    """The dataset's group map when the L-BFGS phase will use it (``lbfgs_coarse``), else ""."""
+    entry = manifest.get("groups")
+    if not entry or not params.lbfgs_coarse or params.solver not in ("lbfgs", "hybrid"):
+        return ""
+    return fsutil.join(fsutil.normalize(data_dir), entry["path"])
+
+
 def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     """Train on the featurized dataset ``data_dir`` and write ``model_dir``; returns its metadata."""
     t0 = time.perf_counter()
@@ -71,6 +79,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
         holdout_period=0 if params.solver == "cocoa" else t.holdout_period, checkpoint_dir=ckpt, checkpoint_interval_s=t.checkpoint_interval_s,
         staging_dir=staging,
         inject=Inject(**dataclasses.asdict(t.inject)), init_weights=init_model,
+        groups_path=_groups_path(data_dir, manifest, params),
     )
     log.info("train: %s solver, %d workers + %d spares, %d rows in %d files, 2^%d features",
              params.solver, t.workers, t.spares, manifest["rows"], len(manifest["files"]), spec["bits"])
@@ -88,7 +97,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
         raise TrainError(str(e)) from None
     rank0 = next(r for r in res.results if r["rank"] == 0)
     per_rank = [{k: r[k] for k in ("rank", "shard", "attempt_id", "spare", "rows", "nnz", "holdout_rows",
-                                   "csr_bytes", "read_s", "seconds", "resumed_from_pass", "peak_rss_bytes")}
+                                   "csr_bytes", "read_s", "warm_wait_s", "seconds", "resumed_from_pass", "peak_rss_bytes")}
                 for r in res.results]
     metadata = {
         "spec": spec,

@@ -18,8 +18,10 @@ from jobs import checkpoint
 from jobs import progress as progress_file
 from pipeline import modeldir
 from pipeline.dataset import ShardPart, read_csr
+from pipeline.groups import load_map
 from solvers.api import train
 from solvers.params import SolverParams
+from solvers.warmup import start_warm_up
 
 PROGRESS_EVERY_S = 2.0
 
@@ -60,6 +62,7 @@ class TaskSpec:
     staging_dir: str
     inject: Inject
     init_weights: str = ""  # a model directory to warm-start from ("" = none)
+    groups_path: str = ""  # the dataset's group map, for L-BFGS's coarse correction ("" = none)
 
 
 def _progress_hook(ctx, spec: TaskSpec):
@@ -81,8 +84,13 @@ def _progress_hook(ctx, spec: TaskSpec):
 
 def run_train_task(ctx, spec: TaskSpec) -> dict:
     t0 = time.perf_counter()
+    # load the solver's compiled kernels while pyarrow reads the shard (solvers.warmup)
+    warming = start_warm_up(spec.params, spec.holdout_period, bool(spec.groups_path))
     data = read_csr(list(spec.shards[ctx.shard]), spec.n_features)
     read_s = time.perf_counter() - t0
+    if warming is not None:
+        warming.join()
+    warm_wait_s = time.perf_counter() - t0 - read_s  # the warm-up's time beyond the read
     train_data, holdout = data.split_holdout(spec.holdout_period)
     found = _resume(spec.checkpoint_dir, ctx.shard, ctx.num_shards)
     resume = None if found is None else found[1]
@@ -90,6 +98,7 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
     if resume is None and spec.init_weights:
         w, b, _ = modeldir.load_model(spec.init_weights)
         init = (w, b)
+    groups = load_map(spec.groups_path, spec.n_features) if spec.groups_path else None
     if spec.params.device != "cpu":
         from solvers.scd.gpu import select_device
 
@@ -129,13 +138,13 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
     progress = _progress_hook(ctx, spec)
     with comm:
         result = train(train_data, comm, spec.params, holdout=holdout, on_pass_end=on_pass_end,
-                       resume=resume, progress=progress, init=init)
+                       resume=resume, progress=progress, init=init, groups=groups)
         counts = comm.allreduce_scalars([train_data.n_rows, train_data.nnz,
                                          0 if holdout is None else holdout.n_rows, float(data.nbytes)])
     out = {
         "shard": ctx.shard, "rank": comm.rank, "attempt_id": ctx.attempt_id, "spare": ctx.is_spare,
         "rows": train_data.n_rows, "nnz": train_data.nnz, "holdout_rows": 0 if holdout is None else holdout.n_rows,
-        "csr_bytes": data.nbytes, "read_s": read_s, "seconds": time.perf_counter() - t0,
+        "csr_bytes": data.nbytes, "read_s": read_s, "warm_wait_s": warm_wait_s, "seconds": time.perf_counter() - t0,
         "resumed_from_pass": None if found is None else found[0],
         "peak_rss_bytes": _peak_rss(),
     }

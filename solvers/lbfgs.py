@@ -71,6 +71,7 @@ class LBFGSPhase:
     grad0_norm: float
     pending_evals: int = 0  # evaluations not yet attributed to a pass (the start)
     curvature_passes: int = 0  # curvature passes of the pass in progress (see _first_step)
+    start_info: dict = field(default_factory=dict)  # for the first pass's history entry
     _full: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def full_theta(self) -> np.ndarray:
@@ -107,8 +108,10 @@ class LBFGSPhase:
             # the penalty summed in compact order, as every later value (and a resumed run) has it
             value = ev.loss_term + objective.penalty(theta)
         precond = _preconditioner(run, space, objective.table, theta, jacobi_inverse(hess))
+        coarse = precond.n_groups if isinstance(precond, TwoLevel) else 0
         return cls(run, space, objective, theta, value, grad, precond,
-                   LBFGSMemory(run.params.lbfgs_memory, theta.shape[0]), norm2(grad), 1)
+                   LBFGSMemory(run.params.lbfgs_memory, theta.shape[0]), norm2(grad), 1,
+                   start_info={"active_features": space.size, "coarse_groups": coarse})
 
     @classmethod
     def restore(cls, run: TrainRun, saved: dict) -> LBFGSPhase:
@@ -217,7 +220,9 @@ class LBFGSPhase:
     def _record(self, step: float | None, evals: int) -> float:
         grad_norm = norm2(self.grad)
         extra = {"curvature_passes": self.curvature_passes} if self.curvature_passes else {}
+        extra.update(self.start_info)
         self.curvature_passes = 0
+        self.start_info = {}
         self.run.tracker.finish_pass(
             "lbfgs", self.full_theta(), objective=self.value, grad_norm=grad_norm, step=step,
             evaluations=evals, **extra,

@@ -53,6 +53,9 @@ def test_k1_and_k2_reach_the_same_optimum_and_write_a_complete_model(spark, data
     assert meta["data"]["train_rows"] == meta["data"]["rows"] == 8000
     h = m2["history"]
     assert [x["pass"] for x in h] == list(range(1, len(h) + 1))
+    # the dataset's group map reached the tasks: L-BFGS ran with the 39 fields' coarse correction
+    assert h[0]["coarse_groups"] == 39 and m1["history"][0]["coarse_groups"] == 39
+    assert all("coarse_groups" not in x for x in h[1:])
     assert all(len(x["compute_s"]) == 2 and len(x["stall_s"]) == 2 and len(x["transfer_s"]) == 2 for x in h)
     assert {r["rank"] for r in m2["per_rank"]} == {0, 1} and sum(r["rows"] for r in m2["per_rank"]) == 8000
     assert not list(tmp_path.glob("*.tmp-*")) and not list(tmp_path.glob("*.checkpoint"))

@@ -79,7 +79,9 @@ def _featurized(spark, raw, name):
     from pipeline.spark_featurize import run_featurize
 
     out = RESULTS / "data" / f"{name}-bits{BITS}"
-    if not (out / "_manifest.json").exists():
+    manifest = out / "_manifest.json"
+    # a dataset featurized before group maps existed is featurized again (the coarse correction needs one)
+    if not manifest.exists() or not json.loads(manifest.read_text()).get("groups"):
         cfg = load_config([], [f"featurize.bits={BITS}"])
         run_featurize(spark, [str(raw / "*.tsv")], str(out), _spec(cfg), cfg.featurize)
     return out
