@@ -25,14 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from allreduce.communicator import Communicator
-from solvers.kernels.online import G, W
-
-
-def weighted_average(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    """num / den elementwise, 0 where den == 0 (float32)."""
-    out = np.zeros(num.shape, dtype=np.float32)
-    np.divide(num, den, out=out, where=den > 0)
-    return out
+from solvers.kernels.online import pack_for_average, unpack_average
 
 
 def average_online_state(comm: Communicator, state: np.ndarray, local_bad: bool) -> int:
@@ -43,14 +36,11 @@ def average_online_state(comm: Communicator, state: np.ndarray, local_bad: bool)
     """
     d1 = state.shape[0]
     buf = np.empty(2 * d1 + 1, dtype=np.float32)
-    np.multiply(state[:, G], state[:, W], out=buf[:d1])
-    buf[d1 : 2 * d1] = state[:, G]
+    pack_for_average(state, buf)
     buf[-1] = 1.0 if local_bad else 0.0
     tot = comm.allreduce(buf)
     n_bad = int(tot[-1])
     if n_bad:
         return n_bad
-    den = tot[d1 : 2 * d1]
-    state[:, W] = weighted_average(tot[:d1], den)
-    state[:, G] = den / np.float32(comm.size)
+    unpack_average(tot, state, comm.size)
     return 0

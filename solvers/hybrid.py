@@ -17,7 +17,7 @@ def train_hybrid(run: TrainRun) -> TrainResult:
     if saved is not None and saved["phase"] == "lbfgs":
         return lbfgs_resume(run)
     learner = OnlineLearner(run)
-    theta = learner.theta()
+    theta = None  # the weights as float64 (a copy of the table's column): made when needed
     first = 1
     if saved is not None:
         theta = learner.restore(saved)
@@ -29,5 +29,7 @@ def train_hybrid(run: TrainRun) -> TrainResult:
         theta, stop = run_online_phase(run, learner, first, run.params.online_passes)
         if stop:
             return run.finish(theta, None, stop)
+    if theta is None:  # online_passes = 0: L-BFGS from the initial weights
+        theta = learner.theta()
     del learner  # the online table is not needed by L-BFGS
     return lbfgs_from(run, theta)

@@ -41,8 +41,9 @@ class OnlineLearner:
 
     def __init__(self, run: TrainRun):
         self.run = run
-        self.table = new_state(run.n_features)
-        self.table[:, W] = run.initial_theta()
+        self.table = new_state(run.n_features)  # weights 0
+        if run.init is not None:
+            self.table[:, W] = run.init
         self.totals = np.zeros(2, dtype=np.float64)
         s = run.inputs.train
         self.zero_loss = zero_model_loss_sum(s.labels, s.weights, run.loss_id)
@@ -126,7 +127,8 @@ class OnlineLearner:
 
 def run_online_phase(run: TrainRun, learner: OnlineLearner, first: int, last: int) -> tuple[np.ndarray, str | None]:
     """Online passes ``first..last`` (1-based, inclusive); returns (θ, stop reason or None)."""
-    theta = learner.theta()
+    if first > last:
+        return learner.theta(), None
     for p in range(first, last + 1):
         theta = learner.run_pass(p)
         stop = None
@@ -155,7 +157,6 @@ def resumed_stop(run: TrainRun) -> str | None:
 def train_online(run: TrainRun) -> TrainResult:
     learner = OnlineLearner(run)
     first = 1
-    theta = learner.theta()
     if run.resume is not None:
         theta = learner.restore(run.resume)
         first = run.resume["pass"] + 1

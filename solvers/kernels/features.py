@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from numba import njit
 
+from solvers.kernels.prefetch import prefetch_row
+
 
 @njit(cache=True, nogil=True)
 def count_features(indices, counts):
@@ -30,11 +32,19 @@ def renumber(indices, position, out):
     return lowest
 
 
+#: How many entries ahead :func:`number_by_first_use` prefetches ``slot`` (0.14 -> 0.06 s on a
+#: 33.5M-entry shard with bits 22, whose 16 MiB slot array misses the cache at random).
+LOOKAHEAD = 256
+
+
 @njit(cache=True, nogil=True)
 def number_by_first_use(indices, slot, out, next_slot):
     """out[k] = slot[indices[k]], where a feature whose slot is still -1 gets ``next_slot``
     (then next_slot + 1, ...) at its first use. Returns the next free slot."""
-    for k in range(indices.shape[0]):
+    n = indices.shape[0]
+    for k in range(n):
+        if k + LOOKAHEAD < n:
+            prefetch_row(slot, indices[k + LOOKAHEAD])
         j = indices[k]
         s = slot[j]
         if s < 0:

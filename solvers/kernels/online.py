@@ -209,3 +209,26 @@ def restore_normalizers(indptr, indices, values, weights, state):
             if ax > state[j, S]:
                 state[j, S] = ax
     state[d, S] = 1.0
+
+
+@njit(cache=True, nogil=True)
+def pack_for_average(state, buf):
+    """buf[:d1] = G⊙w and buf[d1:2·d1] = G (float32 products, as numpy's), one pass over the
+    state table instead of two strided numpy passes and a temporary."""
+    d1 = state.shape[0]
+    for j in range(d1):
+        g = state[j, G]
+        buf[j] = g * state[j, W]
+        buf[d1 + j] = g
+
+
+@njit(cache=True, nogil=True)
+def unpack_average(tot, state, k):
+    """state[:, W] = Σ G⊙w / Σ G (0 where Σ G = 0) and state[:, G] = Σ G / k (float32), from the
+    AllReduced ``tot`` of :func:`pack_for_average`."""
+    d1 = state.shape[0]
+    kf = np.float32(k)
+    for j in range(d1):
+        den = tot[d1 + j]
+        state[j, W] = tot[j] / den if den > 0 else np.float32(0.0)
+        state[j, G] = den / kf

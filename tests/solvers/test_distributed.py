@@ -97,3 +97,25 @@ def test_hybrid_with_holdout_bit_identical_on_every_rank(problem):
                             holdouts=split_rows(holdout, k))
     _assert_identical_on_all_ranks(results)
     assert all("holdout_loss" in e for e in results[0].history)
+
+
+def test_the_averaging_kernels_give_numpys_float32_bits():
+    """pack_for_average / unpack_average compute in one pass what the float32 numpy formulas do:
+    the same bits (products, quotients, 0 where Σ G = 0, G / K)."""
+    from solvers.kernels.online import pack_for_average, unpack_average
+
+    rng = np.random.default_rng(40)
+    state = rng.normal(size=(1000, 3)).astype(np.float32)
+    state[:, G] = np.abs(state[:, G])
+    state[::7, G] = 0.0
+    buf = np.empty(2 * 1000, dtype=np.float32)
+    pack_for_average(state, buf)
+    assert buf[:1000].tobytes() == (state[:, G] * state[:, W]).tobytes()
+    assert buf[1000:].tobytes() == state[:, G].tobytes()
+    tot = (buf * np.float32(3.0)).astype(np.float32)
+    out = state.copy()
+    unpack_average(tot, out, 3)
+    want_w = np.zeros(1000, dtype=np.float32)
+    np.divide(tot[:1000], tot[1000:], out=want_w, where=tot[1000:] > 0)
+    assert out[:, W].tobytes() == want_w.tobytes()
+    assert out[:, G].tobytes() == (tot[1000:] / np.float32(3)).tobytes()
