@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from allreduce.communicator import Communicator
-from solvers.kernels.features import count_features, renumber
+from solvers.kernels.features import count_features, renumber, scatter_ids
 
 
 class ActiveFeatures:
@@ -71,8 +71,7 @@ class ActiveFeatures:
 
     def scatter(self, theta: np.ndarray, out: np.ndarray) -> None:
         """out[ids] = θ[:-1] and out[-1] = θ[-1]; the other entries of ``out`` are kept."""
-        out[self.ids] = theta[:-1]
-        out[-1] = theta[-1]
+        scatter_ids(theta, self.ids, out)
 
     def renumbered(self, indices: np.ndarray) -> np.ndarray:
         """Feature indices (int32) in compact numbering, as a new array."""

@@ -70,3 +70,13 @@ def store_column(table, col, where, dst):
     for s in range(where.shape[0]):
         dst[where[s]] = table[s, col]
     dst[dst.shape[0] - 1] = table[table.shape[0] - 1, col]
+
+
+@njit(cache=True, nogil=True)
+def scatter_ids(src, ids, out):
+    """out[ids[c]] = src[c] for every c < len(ids), and out[-1] = src[-1] (the intercept). With
+    ``ids`` ascending the writes stream through ``out`` (numpy's fancy assignment first widens
+    and checks the indices: 4x slower on 1.3M of 4.2M)."""
+    for c in range(ids.shape[0]):
+        out[ids[c]] = src[c]
+    out[out.shape[0] - 1] = src[src.shape[0] - 1]
