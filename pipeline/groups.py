@@ -22,10 +22,10 @@ import numpy as np
 from pipeline import fsutil
 from pipeline.manifest import DatasetError
 from pipeline.spec import FeatureSpec
+from solvers.data import NO_GROUP  # no row of the dataset has this bucket
 
 GROUPS_FILE = "_groups.npy"
 TASK_GROUPS_FILE = "groups.npy"  # a task's own map, inside its attempt directory
-NO_GROUP = 255  # no row of the dataset has this bucket
 MAX_GROUPS = 255  # group numbers 0..254
 GROUPS_MAX_BITS = 26  # 64 MiB map; above this no map is built
 OTHER = "other"

@@ -22,7 +22,7 @@ import solvers.hybrid  # noqa: F401 - registers "hybrid"
 import solvers.lbfgs  # noqa: F401 - registers "lbfgs"
 import solvers.online  # noqa: F401 - registers "online"
 from allreduce.communicator import Communicator
-from solvers.data import CSRData
+from solvers.data import NO_GROUP, CSRData
 from solvers.errors import NonFiniteInputError
 from solvers.kernels.losses import LOSS_IDS
 from solvers.objective import DistributedObjective
@@ -93,6 +93,6 @@ def _check_groups(groups: np.ndarray | None, n_features: int) -> None:
         shape = getattr(groups, "shape", None)
         dtype = getattr(groups, "dtype", type(groups).__name__)
         raise ValueError(
-            f"groups: must be a uint8 array of length n_features = {n_features} (255 = no group), "
+            f"groups: must be a uint8 array of length n_features = {n_features} ({NO_GROUP} = no group), "
             f"got {dtype} of shape {shape}"
         )

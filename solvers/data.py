@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+#: A feature group map (uint8 per feature: the field it came from, see ``pipeline.groups``)
+#: holds this for a feature in no group.
+NO_GROUP = 255
+
 
 @dataclass(frozen=True)
 class CSRData:

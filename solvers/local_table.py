@@ -110,7 +110,7 @@ class LocalTable:
             t = self._table(2)
             load_column(theta, self.compact_of, t, 0)
             self._current, self._theta = t, theta
-        local_group = group[self.compact_of] if self.size else np.zeros(0, dtype=np.int16)
+        local_group = group[self.compact_of]
         used, status, row = KC.coarse_rows(s.indptr, s.indices, s.values, s.labels, s.weights, t,
                                            local_group, n_groups, loss_id, 0, s.n_rows, stride, E)
         if status != KC.OK:

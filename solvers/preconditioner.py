@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from allreduce.communicator import Communicator
+from solvers.data import NO_GROUP
 from solvers.kernels import coarse as C
 from solvers.kernels.vector import weighted_dot
 
@@ -37,9 +38,13 @@ COARSE_SAMPLE_ROWS = 1 << 15
 
 def jacobi_inverse(hess_diag: np.ndarray) -> np.ndarray:
     """1 / max(D_j, 1e-12·max D) (1 everywhere if D is all zero)."""
-    top = float(hess_diag.max()) if hess_diag.size else 0.0
-    floor = _DIAG_FLOOR * top if top > 0.0 else 1.0
-    return 1.0 / np.maximum(hess_diag, floor)
+    return 1.0 / np.maximum(hess_diag, _floor(hess_diag))
+
+
+def _floor(diag: np.ndarray) -> float:
+    """1e-12·max of a (Hessian) diagonal, or 1 if it has no positive entry."""
+    top = float(diag.max()) if diag.size else 0.0
+    return _DIAG_FLOOR * top if top > 0.0 else 1.0
 
 
 def coarse_stride(n_rows: int) -> int:
@@ -76,9 +81,7 @@ class TwoLevel(Jacobi):
         self.group = np.ascontiguousarray(group, dtype=np.int16)
         self.E = np.ascontiguousarray(E, dtype=np.float64)
         self.n_groups = self.E.shape[0] - 1
-        diag = np.diag(self.E)
-        top = float(diag.max()) if diag.size else 0.0
-        self.L, self.D = C.ldl_factor(self.E, _DIAG_FLOOR * top if top > 0.0 else 1.0)
+        self.L, self.D = C.ldl_factor(self.E, _floor(np.diag(self.E)))
 
     def _coarse(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         t = np.empty(self.n_groups + 1)
@@ -109,13 +112,13 @@ def from_state(saved: dict) -> Jacobi:
 
 def compact_groups(group_map: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The coarse column of each active feature (``ids``, compact order) from the dataset's
-    group map (uint8 by feature id, 255 = none): the groups that occur, renumbered 0..G−1 in
+    group map (uint8 by feature id, NO_GROUP = none): the groups that occur, renumbered 0..G−1 in
     group order; -1 for a feature in none. Returns (group int16, the size of each of the G
     groups); the same on every rank."""
     raw = group_map[ids]
-    counts = np.bincount(raw, minlength=256)[:255]
+    counts = np.bincount(raw, minlength=NO_GROUP + 1)[:NO_GROUP]
     present = np.flatnonzero(counts)
-    lookup = np.full(256, -1, dtype=np.int16)
+    lookup = np.full(NO_GROUP + 1, -1, dtype=np.int16)
     lookup[present] = np.arange(present.size, dtype=np.int16)
     return lookup[raw], counts[present].astype(np.float64)
 

@@ -21,10 +21,7 @@ import numpy as np
 from numba import njit
 
 from solvers.kernels.losses import loss_curvature
-
-OK = 0
-BAD_MARGIN = 1
-
+from solvers.kernels.objective import BAD_MARGIN, OK
 
 #: Rows are sampled in runs of this many consecutive rows (see :func:`coarse_rows`).
 SAMPLE_RUN = 512
