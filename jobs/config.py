@@ -195,6 +195,9 @@ class TrainConf:
     lbfgs_newton_steps: int = param(_SP.lbfgs_newton_steps, "while L-BFGS holds fewer curvature pairs than this, "
                                     "its line search starts at the 1-D Newton step along the direction (one curvature "
                                     "pass each) instead of step 1; 0 = always step 1", Interval(0, 1000, integer=True))
+    lbfgs_curvature_rows: int = param(_SP.lbfgs_curvature_rows, "the curvature pass of a Newton step samples about "
+                                      "this many rows per rank (runs of 512, scaled to the rank's weight); "
+                                      "0 = every row", Interval(0, 1_000_000_000, integer=True))
     lbfgs_coarse: bool = param(_SP.lbfgs_coarse, "L-BFGS: add the field-level coarse correction (one column per "
                                "field of the dataset's group map, and the intercept) to the Jacobi preconditioner")
     tol: float = param(_SP.tol, "relative tolerance on the gradient norm and the objective change", Interval(0, 1))

@@ -173,7 +173,7 @@ class LBFGSPhase:
         falls back to 1; every rank takes the same branch (AllReduce results only)."""
         if self.memory.count >= self.run.params.lbfgs_newton_steps or self.run.loss_id == HINGE:
             return 1.0, 0
-        curv = self.objective.curvature(self.theta, p)
+        curv = self.objective.curvature(self.theta, p, self.run.params.lbfgs_curvature_rows)
         alpha = -slope / curv if curv is not None and math.isfinite(curv) and curv > 0.0 else 1.0
         return (alpha if 0.0 < alpha < math.inf else 1.0), 1
 

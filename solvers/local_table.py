@@ -86,11 +86,12 @@ class LocalTable:
         load_column(p, self.compact_of, t, 1)
         self._current, self._theta = t, theta
 
-    def curvature_rows(self, loss_id: int, start: int, stop: int, acc: float) -> tuple[float, int, int]:
-        """The curvature kernel over rows ``start..stop-1`` (see :meth:`load_direction`)."""
+    def curvature_rows(self, loss_id: int, start: int, stop: int, stride: int, sums: np.ndarray) -> tuple[int, int]:
+        """The curvature kernel over the sampled rows of ``start..stop-1`` (see
+        :meth:`load_direction` and :func:`solvers.kernels.objective.curvature_along`)."""
         s = self.shard
         return K.curvature_along(s.indptr, s.indices, s.values, s.labels, s.weights, self._current,
-                                 loss_id, start, stop, acc)
+                                 loss_id, start, stop, stride, sums)
 
     def pass_rows(self, loss_id: int, want_grad: bool, want_hess: bool, start: int, stop: int,
                   loss_sum: float) -> tuple[float, int, int]:

@@ -20,6 +20,7 @@ import numpy as np
 from allreduce.communicator import Communicator
 from solvers.errors import DivergenceError
 from solvers.kernels import objective as K
+from solvers.kernels.sampling import sample_stride
 from solvers.kernels.vector import axpy, dot
 from solvers.local_table import LocalTable
 from solvers.setup import Inputs
@@ -157,18 +158,32 @@ class DistributedObjective:
         finite = tot[-1] == 0.0 and np.isfinite(value) and bool(np.isfinite(g).all())
         return Evaluation(value, g, h, bool(finite), problem, loss_term)
 
-    def curvature(self, theta: np.ndarray, p: np.ndarray) -> float | None:
-        """pᵀ·∇²f(θ)·p (one gather pass over the working table and one scalar AllReduce), or
-        None if a margin was not finite on some rank. Needs :meth:`restricted`."""
+    def curvature(self, theta: np.ndarray, p: np.ndarray, sample_rows: int = 0) -> float | None:
+        """pᵀ·∇²f(θ)·p (one gather pass over the working table and one AllReduce of two
+        scalars), or None if a margin was not finite on some rank. Needs :meth:`restricted`.
+
+        With ``sample_rows`` > 0 a rank larger than that passes over about ``sample_rows`` of
+        its rows only (every stride-th run, :mod:`solvers.kernels.sampling`) and scales their
+        sum by its total weight over theirs: an estimate of its data part (the penalty part
+        λ·‖p_β‖² is exact). Ranks no larger than ``sample_rows`` (and 0) use every row, exactly."""
         if self.table is None:
             raise RuntimeError("curvature needs the rank's working table (restricted objective)")
         table = self.table
         table.load_direction(theta, p)
-
-        def call(start: int, stop: int, acc: float):
-            return table.curvature_rows(self.loss_id, start, stop, acc)
-
-        acc, problem = _over_chunks(table.shard.n_rows, call, self.on_rows)
+        n_rows = table.shard.n_rows
+        stride = sample_stride(n_rows, sample_rows)
+        sums = np.zeros(2)
+        problem = None
+        for start, stop in row_chunks(n_rows):
+            status, row = table.curvature_rows(self.loss_id, start, stop, stride, sums)
+            if status != K.OK:
+                problem = f"{_STATUS[status]} at row {row}"
+                break
+            if self.on_rows is not None:
+                self.on_rows(stop)
+        acc = sums[0]
+        if stride > 1 and sums[1] > 0.0:
+            acc *= table.shard.weight_sum() / sums[1]
         tot = self.comm.allreduce_scalars([acc, 0.0 if problem is None else 1.0])
         if tot[1] != 0.0:
             return None

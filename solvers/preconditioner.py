@@ -16,9 +16,9 @@ the intercept off). E has one row per group: ~40 for Criteo. On the 2M-row bench
 then reached MLlib's objective in 7 evaluations instead of 14.
 
 E's data part is estimated from every ``stride``-th run of 512 rows of each rank
-(:func:`coarse_stride`: about 2¹⁵ rows per rank; every row on small shards): a direction the
-data do not bend is not bent in any subset of rows either, so sampling keeps E's near-null directions exact and only
-blurs the well-determined part. Every rank factors the same AllReduced E (a deterministic
+(:mod:`solvers.kernels.sampling`: about 2¹⁵ rows per rank; every row on small shards): a
+direction the data do not bend is not bent in any subset of rows either, so sampling keeps E's
+near-null directions exact and only blurs the well-determined part. Every rank factors the same AllReduced E (a deterministic
 LDLᵀ with pivots floored at 1e-12·max E_gg) and applies the same arithmetic: ranks never drift.
 """
 
@@ -29,6 +29,7 @@ import numpy as np
 from allreduce.communicator import Communicator
 from solvers.data import NO_GROUP
 from solvers.kernels import coarse as C
+from solvers.kernels.sampling import sample_stride
 from solvers.kernels.vector import weighted_dot
 
 _DIAG_FLOOR = 1e-12
@@ -45,11 +46,6 @@ def _floor(diag: np.ndarray) -> float:
     """1e-12·max of a (Hessian) diagonal, or 1 if it has no positive entry."""
     top = float(diag.max()) if diag.size else 0.0
     return _DIAG_FLOOR * top if top > 0.0 else 1.0
-
-
-def coarse_stride(n_rows: int) -> int:
-    """Every ``stride``-th run of ``SAMPLE_RUN`` rows of a rank feeds the coarse matrix."""
-    return max(1, n_rows // COARSE_SAMPLE_ROWS)
 
 
 class Jacobi:
@@ -133,7 +129,7 @@ def coarse_matrix(comm: Communicator, table, group: np.ndarray, sizes: np.ndarra
     k = n_groups + 1
     local = np.zeros(k * k + 1)
     E = local[: k * k].reshape(k, k)
-    problem = table.coarse_sums(theta, group, n_groups, loss_id, coarse_stride(table.shard.n_rows), E)
+    problem = table.coarse_sums(theta, group, n_groups, loss_id, sample_stride(table.shard.n_rows, COARSE_SAMPLE_ROWS), E)
     local[-1] = 0.0 if problem is None else 1.0
     tot = comm.allreduce(local)
     if tot[-1] != 0.0:

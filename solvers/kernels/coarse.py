@@ -22,19 +22,16 @@ from numba import njit
 
 from solvers.kernels.losses import loss_curvature
 from solvers.kernels.objective import BAD_MARGIN, OK
-
-#: Rows are sampled in runs of this many consecutive rows (see :func:`coarse_rows`).
-SAMPLE_RUN = 512
+from solvers.kernels.sampling import next_sampled
 
 
 @njit(cache=True, nogil=True)
 def coarse_rows(indptr, indices, values, labels, weights, table, group, n_groups, loss_id, start,
                 stop, stride, E):
     """Add Σᵢ hᵢ·ℓ''(yᵢ, mᵢ)·aᵢ·aᵢᵀ into E ((G+1)×(G+1), symmetric) over the rows r of
-    ``start..stop-1`` in every ``stride``-th run of SAMPLE_RUN rows ((r // SAMPLE_RUN) % stride
-    == 0: consecutive rows share their features' cache lines, rows far apart would each miss on
-    most of them), mᵢ = xᵢ·θ + b from ``table[:, 0]`` = θ (local numbering, the intercept in the
-    last row) and ``group`` by local slot.
+    ``start..stop-1`` in every ``stride``-th run of rows (:mod:`solvers.kernels.sampling`),
+    mᵢ = xᵢ·θ + b from ``table[:, 0]`` = θ (local numbering, the intercept in the last row) and
+    ``group`` by local slot.
 
     Complement form: with uᵢ = 1 − aᵢ (0 for a field the row holds once with value 1, 1 for a
     field it lacks), Σ cᵢ·aᵢ·aᵢᵀ = C·11ᵀ − s·1ᵀ − 1·sᵀ + U with C = Σ cᵢ, s = Σ cᵢ·uᵢ and U = Σ
@@ -48,12 +45,8 @@ def coarse_rows(indptr, indices, values, labels, weights, table, group, n_groups
     U = np.zeros((k, k))
     total = 0.0
     used = 0.0
-    r = start
+    r = next_sampled(start, stride)
     while r < stop:
-        run = r // SAMPLE_RUN
-        if run % stride != 0:
-            r = (run + stride - run % stride) * SAMPLE_RUN
-            continue
         a = indptr[r]
         b = indptr[r + 1]
         m = table[d, 0]
@@ -71,7 +64,7 @@ def coarse_rows(indptr, indices, values, labels, weights, table, group, n_groups
         h = np.float64(weights[r])
         used += h
         hc = h * loss_curvature(loss_id, m, np.float64(labels[r]))
-        r += 1
+        r = next_sampled(r + 1, stride)
         if hc == 0.0:
             continue
         total += hc

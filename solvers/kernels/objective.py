@@ -28,6 +28,7 @@ from solvers.kernels.losses import (
     loss_value,
 )
 from solvers.kernels.prefetch import prefetch_row
+from solvers.kernels.sampling import next_sampled
 
 OK = 0
 BAD_MARGIN = 1
@@ -134,30 +135,38 @@ def loss_grad_hess_table(indptr, indices, values, labels, weights, table, loss_i
 
 
 @njit(cache=True, nogil=True)
-def curvature_along(indptr, indices, values, labels, weights, table, loss_id, start, stop, acc):
-    """Σᵢ hᵢ·ℓ''(yᵢ, mᵢ)·uᵢ² over rows ``start..stop-1``, added onto ``acc``, with
-    mᵢ = xᵢ·θ + b and uᵢ = xᵢ·p + p_b from ``table[:, 0]`` = θ and ``table[:, 1]`` = p (the
-    intercept in the last row): the data part of the curvature pᵀ∇²f·p along a direction, one
-    gather pass and no scatter. Returns ``(acc, status, row)`` as :func:`loss_grad_hess`."""
-    n_rows = labels.shape[0]
+def curvature_along(indptr, indices, values, labels, weights, table, loss_id, start, stop, stride, sums):
+    """Add Σᵢ hᵢ·ℓ''(yᵢ, mᵢ)·uᵢ² into ``sums[0]`` and Σᵢ hᵢ into ``sums[1]`` over the rows of
+    ``start..stop-1`` in every ``stride``-th run of rows (:mod:`solvers.kernels.sampling`; 1:
+    every row), with mᵢ = xᵢ·θ + b and uᵢ = xᵢ·p + p_b from ``table[:, 0]`` = θ and
+    ``table[:, 1]`` = p (the intercept in the last row): the data part of the curvature
+    pᵀ∇²f·p along a direction, one gather pass and no scatter. Returns ``(status, row)``
+    (BAD_MARGIN and the row for a non-finite margin, as :func:`loss_grad_hess`)."""
     d = table.shape[0] - 1
-    for r in range(start, stop):
-        a = indptr[r]
-        b = indptr[r + 1]
-        if r + 1 < n_rows:
-            for k in range(b, indptr[r + 2]):
+    acc = sums[0]
+    used = sums[1]
+    r = next_sampled(start, stride)
+    while r < stop:
+        nxt = next_sampled(r + 1, stride)
+        if nxt < stop:
+            for k in range(indptr[nxt], indptr[nxt + 1]):
                 prefetch_row(table, indices[k])
         m = table[d, 0]
         u = table[d, 1]
-        for k in range(a, b):
+        for k in range(indptr[r], indptr[r + 1]):
             x = float(values[k])
             j = indices[k]
             m += table[j, 0] * x
             u += table[j, 1] * x
         if not (math.isfinite(m) and math.isfinite(u)):
-            return acc, BAD_MARGIN, r
-        acc += float(weights[r]) * loss_curvature(loss_id, m, float(labels[r])) * u * u
-    return acc, OK, -1
+            sums[0], sums[1] = acc, used
+            return BAD_MARGIN, r
+        h = float(weights[r])
+        acc += h * loss_curvature(loss_id, m, float(labels[r])) * u * u
+        used += h
+        r = nxt
+    sums[0], sums[1] = acc, used
+    return OK, -1
 
 
 @njit(cache=True, nogil=True)

@@ -195,7 +195,7 @@ def test_hinge_starts_at_step_one_and_a_bad_newton_step_falls_back_to_one():
         theta = None
 
         def __init__(self, curv):
-            self.objective = type("O", (), {"curvature": staticmethod(lambda theta, p: curv)})()
+            self.objective = type("O", (), {"curvature": staticmethod(lambda theta, p, sample_rows: curv)})()
 
     for curv, want in ((2.0, 0.5), (math.inf, 1.0), (None, 1.0), (0.0, 1.0), (-1.0, 1.0), (1e-320, 1.0)):
         assert LBFGSPhase._first_step(Fake(curv), None, -1.0) == (want, 1)

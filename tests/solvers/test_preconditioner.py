@@ -13,6 +13,7 @@ from solvers.api import SolverParams
 from solvers.data import CSRData
 from solvers.kernels import coarse as KC
 from solvers.kernels.losses import LOSS_IDS
+from solvers.kernels.sampling import SAMPLE_RUN
 from solvers.local_table import LocalTable
 from solvers.preconditioner import TwoLevel, coarse_matrix, compact_groups
 from solvers.shard import Shard
@@ -86,7 +87,7 @@ def test_coarse_matrix_is_the_hessian_on_the_coarse_space(loss):
 def test_the_coarse_matrix_samples_every_stride_th_run_of_rows():
     """With stride 3 the kernel adds exactly the rows of runs 0, 3, ... (SAMPLE_RUN rows each)
     and returns their weight."""
-    n = 3 * KC.SAMPLE_RUN + 100
+    n = 3 * SAMPLE_RUN + 100
     data = planted_problem(n=n, d=30, density=0.2, seed=8, weighted=True)
     gmap = _group_map(data.n_features, seed=9)
     table, space = _table(data)
@@ -102,7 +103,7 @@ def test_the_coarse_matrix_samples_every_stride_th_run_of_rows():
     used, status, _ = KC.coarse_rows(s.indptr, s.indices, s.values, s.labels, s.weights, t,
                                      group[table.compact_of], sizes.size, LOSS_IDS["logistic"], 0,
                                      s.n_rows, 3, E)
-    rows = np.r_[0 : KC.SAMPLE_RUN, 3 * KC.SAMPLE_RUN : n]
+    rows = np.r_[0 : SAMPLE_RUN, 3 * SAMPLE_RUN : n]
     x = np.hstack([data.to_scipy().toarray()[:, space.ids], np.ones((n, 1))])[rows]
     h = data.weights.astype(np.float64)[rows]
     hc = h * _curvature("logistic", x @ theta)
