@@ -1,6 +1,8 @@
 """The ``hybrid`` solver (default; Algorithm 2 of the terascale paper): ``online_passes``
 online passes with per-coordinate weighted averaging, then L-BFGS warm-started from the
-average, up to ``passes`` passes in all.
+average, up to ``passes`` passes in all. The online phase's first averaging agrees on the
+features once (:meth:`~solvers.online.OnlineLearner.agree_features`); L-BFGS then works on that
+set without a collective of its own.
 """
 
 from __future__ import annotations
@@ -31,5 +33,6 @@ def train_hybrid(run: TrainRun) -> TrainResult:
             return run.finish(theta, None, stop)
     if theta is None:  # online_passes = 0: L-BFGS from the initial weights
         theta = learner.theta()
+    space = learner.space  # the features averaged: a superset of L-BFGS's (solvers.lbfgs)
     del learner  # the online table is not needed by L-BFGS
-    return lbfgs_from(run, theta)
+    return lbfgs_from(run, theta, space)

@@ -24,7 +24,10 @@ is a divergence and raises.
 
 The phase works on the active features only (:mod:`solvers.active`: those in some rank's data
 or non-zero at the start, in id order); the others stay exactly 0. The set is agreed
-right after the first collective (before the first evaluation when a pass came first). The
+right after the first collective (before the first evaluation when a pass came first). After
+the hybrid's online phase it is the set that phase averaged, which also holds the features some
+rank had a non-zero online state for (a warm start's weights outside every rank's data, which
+the averaging set to 0): they stay 0 as well. The
 tracker, checkpoints and the result get the weights over all features; a checkpoint also keeps
 the set (``lbfgs_active``), and the pairs, gradient and preconditioner (``lbfgs_inv_diag``, and
 ``lbfgs_coarse_group`` / ``lbfgs_coarse_E`` for the coarse correction) in compact numbering.
@@ -87,11 +90,14 @@ class LBFGSPhase:
         return self._full[1]
 
     @classmethod
-    def start(cls, run: TrainRun, theta0: np.ndarray) -> LBFGSPhase:
+    def start(cls, run: TrainRun, theta0: np.ndarray, space: ActiveFeatures | None = None) -> LBFGSPhase:
+        """``space``: the set the hybrid's online phase agreed on (a superset of the features
+        in some rank's data or non-zero in ``theta0``), else it is agreed here."""
         train = run.inputs.train
         if run.inputs.agreed:  # a pass came first (hybrid): agree on the set, evaluate compact
             table = LocalTable(train)
-            space = ActiveFeatures.agree(run.comm, table.ids, train.n_features, theta0)
+            if space is None:
+                space = ActiveFeatures.agree(run.comm, table.ids, train.n_features, theta0)
             objective = run.objective.restricted(table.bind(space))
             theta = space.compact(theta0)
             ev = objective.evaluate(theta, with_hessian=True)
@@ -269,8 +275,8 @@ def _preconditioner(run: TrainRun, space: ActiveFeatures, table: LocalTable, the
     return TwoLevel(inv_diag, group, E)
 
 
-def lbfgs_from(run: TrainRun, theta0: np.ndarray) -> TrainResult:
-    return LBFGSPhase.start(run, theta0).run_until(run.params.passes)
+def lbfgs_from(run: TrainRun, theta0: np.ndarray, space: ActiveFeatures | None = None) -> TrainResult:
+    return LBFGSPhase.start(run, theta0, space).run_until(run.params.passes)
 
 
 def lbfgs_resume(run: TrainRun) -> TrainResult:

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from solvers.active import ActiveFeatures, agree_marks
 from solvers.averaging import average_online_state
 from solvers.errors import DivergenceError
+from solvers.kernels.features import mark_features
 from solvers.kernels.online import (
     BAD_MARGIN,
     OK,
     G,
     W,
+    mark_state,
     new_state,
     online_pass,
     restore_normalizers,
@@ -41,6 +44,7 @@ class OnlineLearner:
 
     def __init__(self, run: TrainRun):
         self.run = run
+        self.space: ActiveFeatures | None = None  # the features averaged, see agree_features
         self.table = new_state(run.n_features)  # weights 0
         if run.init is not None:
             self.table[:, W] = run.init
@@ -88,11 +92,25 @@ class OnlineLearner:
             problem = f"rank {run.comm.rank}: non-finite weights after the pass"
         return loss_sum, weight_sum, problem
 
+    def agree_features(self) -> ActiveFeatures:
+        """The features the averaging covers (:mod:`solvers.averaging`), agreed at the first
+        averaging of the run with one AllReduce of packed marks (:func:`solvers.active.agree_marks`):
+        those some rank holds in its data, or has a non-zero w or G for (a warm start, a resumed
+        state). The set cannot grow later: the data stay the same and a feature outside them gets
+        no gradient."""
+        if self.space is None:
+            run = self.run
+            marks = np.zeros(run.n_features, dtype=np.uint8)
+            mark_features(run.inputs.train.indices, marks)
+            mark_state(self.table, marks)
+            self.space = ActiveFeatures(agree_marks(run.comm, marks), run.n_features)
+        return self.space
+
     def run_pass(self, pass_number: int) -> np.ndarray:
         """One pass + averaging + the tracker's pass record; returns the averaged θ."""
         run = self.run
         loss_sum, weight_sum, problem = self._local_pass(pass_number)
-        n_bad = average_online_state(run.comm, self.table, problem is not None)
+        n_bad = average_online_state(run.comm, self.table, self.agree_features().ids, problem is not None)
         where = f"in online pass {pass_number} (learning_rate = {run.params.learning_rate})"
         if n_bad:
             raise DivergenceError(

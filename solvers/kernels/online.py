@@ -212,23 +212,35 @@ def restore_normalizers(indptr, indices, values, weights, state):
 
 
 @njit(cache=True, nogil=True)
-def pack_for_average(state, buf):
-    """buf[:d1] = G⊙w and buf[d1:2·d1] = G (float32 products, as numpy's), one pass over the
-    state table instead of two strided numpy passes and a temporary."""
-    d1 = state.shape[0]
-    for j in range(d1):
+def pack_for_average(state, ids, buf):
+    """For the rows ``ids`` (feature ids) and then the intercept's (the last row), n of them:
+    buf[:n] = G⊙w and buf[n:2·n] = G (float32 products, as numpy's), in one pass."""
+    n = ids.shape[0] + 1
+    last = state.shape[0] - 1
+    for i in range(n):
+        j = ids[i] if i < n - 1 else last
         g = state[j, G]
-        buf[j] = g * state[j, W]
-        buf[d1 + j] = g
+        buf[i] = g * state[j, W]
+        buf[n + i] = g
 
 
 @njit(cache=True, nogil=True)
-def unpack_average(tot, state, k):
-    """state[:, W] = Σ G⊙w / Σ G (0 where Σ G = 0) and state[:, G] = Σ G / k (float32), from the
-    AllReduced ``tot`` of :func:`pack_for_average`."""
-    d1 = state.shape[0]
+def unpack_average(tot, state, ids, k):
+    """For the rows of :func:`pack_for_average`: w = Σ G⊙w / Σ G (0 where Σ G = 0) and
+    G = Σ G / k (float32), from its AllReduced ``tot``; the other rows are left as they are."""
+    n = ids.shape[0] + 1
+    last = state.shape[0] - 1
     kf = np.float32(k)
-    for j in range(d1):
-        den = tot[d1 + j]
-        state[j, W] = tot[j] / den if den > 0 else np.float32(0.0)
+    for i in range(n):
+        j = ids[i] if i < n - 1 else last
+        den = tot[n + i]
+        state[j, W] = tot[i] / den if den > 0 else np.float32(0.0)
         state[j, G] = den / kf
+
+
+@njit(cache=True, nogil=True)
+def mark_state(state, marks):
+    """marks[j] = 1 where feature j's weight or accumulated squared gradient is non-zero."""
+    for j in range(state.shape[0] - 1):
+        if state[j, W] != 0.0 or state[j, G] != 0.0:
+            marks[j] = 1

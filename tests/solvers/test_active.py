@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from allreduce.communicator import LocalCommunicator
-from solvers.active import ActiveFeatures
+from solvers.active import ActiveFeatures, _word_layout, agree_marks
 from solvers.api import SolverParams
 from solvers.data import CSRData
 from solvers.errors import InvalidInputError
@@ -36,6 +36,36 @@ def test_set_is_agreed_over_ranks_in_id_order():
 
     ids = run_tree(2, body, node_kwargs=TREE_NODE_KWARGS, timeout=60.0).results
     assert [list(i) for i in ids] == [[1, 2, 4, 5, 7, 9]] * 2
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_presence_marks_are_agreed_exactly_through_packed_digits(k):
+    """agree_marks returns the union of the ranks' marks, for feature counts that do not fill the
+    last word, features every rank marks (every digit at its largest, K) and features none
+    marks."""
+    n = 1001
+    rng = np.random.default_rng(41 + k)
+    marks = [(rng.random(n) < 0.3).astype(np.uint8) for _ in range(k)]
+    for m in marks:
+        m[:40] = 1  # marked by every rank: each digit K, each word (K+1)^m − 1
+        m[40:80] = 0
+    want = np.flatnonzero(np.bitwise_or.reduce(marks))
+
+    def body(node):
+        return agree_marks(node, marks[node.rank].copy())
+
+    got = run_tree(k, body, node_kwargs=TREE_NODE_KWARGS, timeout=60.0).results
+    for ids in got:
+        np.testing.assert_array_equal(ids, want)
+
+
+def test_presence_word_layout_keeps_every_sum_exact():
+    """(K+1)^digits ≤ 2^24 for float32 words (2^53 for float64), and one more digit would not fit."""
+    for k, digits in ((1, 24), (2, 15), (16, 5), (4095, 2), (4096, 1), ((1 << 24) - 1, 1)):
+        base, got, dtype = _word_layout(k)
+        assert (base, got, dtype) == (k + 1, digits, np.float32)
+        assert base**got <= 1 << 24 < base ** (got + 1)
+    assert _word_layout(1 << 24) == ((1 << 24) + 1, 2, np.float64)
 
 
 def test_compact_expand_and_renumber():
@@ -85,6 +115,28 @@ def test_a_warm_start_outside_the_data_is_shrunk_to_the_optimum():
     cold = train_local(big, params)
     assert abs(res.weights[31]) < 1e-5 and res.weights[30] == 0.0
     assert res.objective == pytest.approx(cold.objective, rel=1e-9)
+
+
+def test_the_hybrid_lbfgs_works_on_the_set_its_online_phase_averaged(monkeypatch):
+    """After the online phase L-BFGS reuses the averaged set (no second agreement): the data's
+    features and a warm start's feature outside the data, which the averaging set to 0 (no rank
+    has a gradient for it) and L-BFGS keeps at 0; the result equals a run without that feature."""
+    data = planted_problem(n=400, d=30, seed=66)
+    big = CSRData(data.indptr, data.indices, data.values, data.labels, data.weights, 33)
+    init = (np.r_[np.zeros(30), 0.0, 2.5, 0.0], 0.0)  # feature 31: no rows; 30, 32: none, 0
+
+    def no_second_agreement(*args, **kwargs):
+        raise AssertionError("L-BFGS agreed on a set of its own")
+
+    monkeypatch.setattr(ActiveFeatures, "agree", no_second_agreement)
+    params = SolverParams(solver="hybrid", l2=1e-3, passes=12, tol=1e-12)
+    res = train_local(big, params, init=init)
+    present = np.unique(data.indices).size
+    assert res.history[1]["active_features"] == present + 1
+    assert res.weights[31] == 0.0 and res.weights[30] == 0.0 and res.weights[32] == 0.0
+    plain = train_local(big, params, init=(np.zeros(33), 0.0))
+    assert plain.history[1]["active_features"] == present
+    assert res.objective == pytest.approx(plain.objective, rel=1e-12)
 
 
 def test_a_checkpoint_without_the_set_resumes_over_every_feature():

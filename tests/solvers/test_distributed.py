@@ -100,22 +100,66 @@ def test_hybrid_with_holdout_bit_identical_on_every_rank(problem):
 
 
 def test_the_averaging_kernels_give_numpys_float32_bits():
-    """pack_for_average / unpack_average compute in one pass what the float32 numpy formulas do:
-    the same bits (products, quotients, 0 where Σ G = 0, G / K)."""
+    """pack_for_average / unpack_average compute in one pass what the float32 numpy formulas do
+    over the rows ``ids`` and the intercept's: the same bits (products, quotients, 0 where
+    Σ G = 0, G / K); the other rows are left as they are."""
     from solvers.kernels.online import pack_for_average, unpack_average
 
     rng = np.random.default_rng(40)
     state = rng.normal(size=(1000, 3)).astype(np.float32)
     state[:, G] = np.abs(state[:, G])
     state[::7, G] = 0.0
-    buf = np.empty(2 * 1000, dtype=np.float32)
-    pack_for_average(state, buf)
-    assert buf[:1000].tobytes() == (state[:, G] * state[:, W]).tobytes()
-    assert buf[1000:].tobytes() == state[:, G].tobytes()
+    ids = np.flatnonzero(rng.random(999) < 0.6)
+    rows = np.append(ids, 999)
+    n = rows.size
+    buf = np.empty(2 * n, dtype=np.float32)
+    pack_for_average(state, ids, buf)
+    assert buf[:n].tobytes() == (state[rows, G] * state[rows, W]).tobytes()
+    assert buf[n:].tobytes() == state[rows, G].tobytes()
     tot = (buf * np.float32(3.0)).astype(np.float32)
     out = state.copy()
-    unpack_average(tot, out, 3)
-    want_w = np.zeros(1000, dtype=np.float32)
-    np.divide(tot[:1000], tot[1000:], out=want_w, where=tot[1000:] > 0)
-    assert out[:, W].tobytes() == want_w.tobytes()
-    assert out[:, G].tobytes() == (tot[1000:] / np.float32(3)).tobytes()
+    unpack_average(tot, out, ids, 3)
+    want_w = np.zeros(n, dtype=np.float32)
+    np.divide(tot[:n], tot[n:], out=want_w, where=tot[n:] > 0)
+    assert out[rows, W].tobytes() == want_w.tobytes()
+    assert out[rows, G].tobytes() == (tot[n:] / np.float32(3)).tobytes()
+    others = np.setdiff1d(np.arange(1000), rows)
+    assert out[others].tobytes() == state[others].tobytes()
+
+
+def test_averaging_the_marked_rows_gives_the_bits_of_averaging_every_row():
+    """Rows that are 0 (w and G) on every rank stay 0 either way: averaging only the features some
+    rank marked (data, or non-zero state) leaves every rank's table as averaging all rows."""
+    from solvers.kernels.online import mark_state, pack_for_average, unpack_average
+
+    rng = np.random.default_rng(43)
+    d1, k = 2001, 3
+    states = []
+    for r in range(k):
+        st = rng.normal(size=(d1, 3)).astype(np.float32)
+        st[:, G] = np.abs(st[:, G])
+        st[rng.random(d1) < 0.5, :] = 0.0  # rows this rank never touched
+        st[:300] = 0.0  # rows no rank touched
+        st[5 + r, W] = 0.7  # a warm start's weight with no gradient
+        st[5 + r, G] = 0.0
+        states.append(st)
+    marks = np.zeros(d1 - 1, dtype=np.uint8)
+    for st in states:
+        mark_state(st, marks)
+    assert not marks[300:].all() and marks[5:5 + k].all()
+
+    def averaged(ids):
+        n = ids.size + 1
+        bufs = [np.empty(2 * n, dtype=np.float32) for _ in range(k)]
+        for st, buf in zip(states, bufs, strict=True):
+            pack_for_average(st, ids, buf)
+        tot = bufs[0] + bufs[1] + bufs[2]  # the same order for both
+        outs = [st.copy() for st in states]
+        for out in outs:
+            unpack_average(tot, out, ids, k)
+        return outs
+
+    full = averaged(np.arange(d1 - 1))
+    compact = averaged(np.flatnonzero(marks))
+    for a, b in zip(full, compact, strict=True):
+        assert a[:, :2].tobytes() == b[:, :2].tobytes()
