@@ -16,8 +16,9 @@ VW reads exactly the same hashed features (integer feature names) from its binar
    cache (kernels compile once per code version and node, then every application loads them,
    see pipeline.numba_cache); its train_seconds are recorded as ``cold_cache_train_seconds``.
    The measured job runs in the Python workers of that run (Spark reuses them), as MLlib runs
-   in a JVM warmed by caching its data; the same job in a fresh application (CLI, new workers)
-   is recorded too (``mllib.fresh_application``).
+   in a JVM warmed by caching its data; the same job in fresh applications (CLI, new workers;
+   FRESH_RUNS of them, each recorded, their median compared) is measured too
+   (``mllib.fresh_application``).
 3. Test logloss of terascale with default settings against VW's runs (1 pass; 1 pass + 20 bfgs
    passes; 1 pass + bfgs with VW's default holdout early termination); target: no worse than
    the best VW run + 0.001.
@@ -30,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -40,6 +42,7 @@ from tests.benchmarks.common import RESULTS, generated_logs
 from tests.benchmarks.vw_io import CONSTANT_HASH, read_vw_weights, run_vw, vw_predictions, write_vw
 
 ROWS, TEST_ROWS, BITS, LAMBDA = 2_000_000, 500_000, 22, 1e-6
+FRESH_RUNS = 3  # fresh applications of the optimisation job (their median is reported)
 if os.environ.get("TERASCALE_BENCH_SMALL"):  # a quick smoke run of the whole benchmark
     ROWS, TEST_ROWS = 100_000, 20_000
 
@@ -223,17 +226,24 @@ def main() -> dict:
                       "rss_over_csr": p["peak_rss_bytes"] / max(p["csr_bytes"], 1)} for p in dmeta["per_rank"]],
     }
 
-    # the optimisation job again in a fresh application (new Python workers: kernels loaded
-    # from the disk cache during the read, see solvers.warmup), for the record
-    r = subprocess.run(cli + ["train", "--input", str(train_dir), "--model", str(work / "model-fresh")]
-                       + [a for o in opt + ["train.passes=12"] for a in ("--set", o)],
-                       capture_output=True, text=True, env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
-    fresh = json.loads((work / "model-fresh" / "metadata.json").read_text())["history"]
-    t_fresh = first_time_at_or_below(fresh, fig["mllib"]["objective"])
+    # the optimisation job again in fresh applications (new Python workers: kernels loaded from
+    # the disk cache during the read, see solvers.warmup), FRESH_RUNS times: the ranks' reads
+    # end at different times in a fresh application, so single runs vary by ±10%
+    runs = []
+    for i in range(FRESH_RUNS):
+        out = work / f"model-fresh-{i}"
+        r = subprocess.run(cli + ["train", "--input", str(train_dir), "--model", str(out)]
+                           + [a for o in opt + ["train.passes=12"] for a in ("--set", o)],
+                           capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        fresh = json.loads((out / "metadata.json").read_text())["history"]
+        runs.append({"time_to_mllib_objective_s": first_time_at_or_below(fresh, fig["mllib"]["objective"]),
+                     "pass1_s": fresh[0]["elapsed_s"]})
+    times = [r["time_to_mllib_objective_s"] for r in runs]
+    t_fresh = None if None in times else statistics.median(times)
     fig["mllib"]["fresh_application"] = {
         "time_to_mllib_objective_s": t_fresh, "speedup": None if t_fresh is None else fig["mllib"]["fit_s"] / t_fresh,
-        "pass1_s": fresh[0]["elapsed_s"]}
+        "runs": runs}
     shutil.rmtree(work, ignore_errors=True)
 
     v, o, h, m, d = fig["vw"], fig["terascale_online"], fig["terascale_hybrid"], fig["mllib"], fig["default_run"]
@@ -243,7 +253,8 @@ def main() -> dict:
           f"at {h['time_to_vw_objective_s']} s -> ratio {fig['time_ratio_vs_vw']} (target <= 0.5)")
     print(f"MLlib 20 iterations: {m['fit_s']:.1f} s, objective {m['objective']:.6f}; terascale reaches it at "
           f"{m['terascale_time_to_mllib_objective_s']} s -> {m['speedup']}x (target >= 20x); in a fresh application "
-          f"at {m['fresh_application']['time_to_mllib_objective_s']} s -> {m['fresh_application']['speedup']}x")
+          f"at {m['fresh_application']['time_to_mllib_objective_s']} s (median of {FRESH_RUNS}: "
+          f"{[r['time_to_mllib_objective_s'] for r in m['fresh_application']['runs']]}) -> {m['fresh_application']['speedup']}x")
     print(f"default settings: test logloss {d['test_logloss']:.5f} vs best VW {d['best_vw_test_logloss']:.5f} "
           f"(target <= +0.001: {d['meets_target']}); train {d['train_seconds']:.1f} s in job, {d['end_to_end_s']:.1f} s end to end")
     for p in d["per_rank"]:
