@@ -138,7 +138,7 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
     progress = _progress_hook(ctx, spec)
     with comm:
         result = train(train_data, comm, spec.params, holdout=holdout, on_pass_end=on_pass_end,
-                       resume=resume, progress=progress, init=init, groups=groups)
+                       resume=resume, progress=progress, init=init, groups=groups, consume_data=True)
         counts = comm.allreduce_scalars([train_data.n_rows, train_data.nnz,
                                          0 if holdout is None else holdout.n_rows, float(data.nbytes)])
     out = {

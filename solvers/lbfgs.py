@@ -95,7 +95,7 @@ class LBFGSPhase:
         in some rank's data or non-zero in ``theta0``), else it is agreed here."""
         train = run.inputs.train
         if run.inputs.agreed:  # a pass came first (hybrid): agree on the set, evaluate compact
-            table = LocalTable(train)
+            table = LocalTable(train, in_place=run.inputs.consume)
             if space is None:
                 space = ActiveFeatures.agree(run.comm, table.ids, train.n_features, theta0)
             objective = run.objective.restricted(table.bind(space))
@@ -107,7 +107,7 @@ class LBFGSPhase:
         else:  # this evaluation is the first pass: the tree forms only after it
             ev = run.objective.evaluate(theta0, with_hessian=True)
             ev.raise_if_not_finite("at the L-BFGS starting point")
-            table = LocalTable(train)
+            table = LocalTable(train, in_place=run.inputs.consume)
             space = ActiveFeatures.agree(run.comm, table.ids, train.n_features, theta0)
             objective = run.objective.restricted(table.bind(space))
             theta, grad, hess = space.compact(theta0), space.compact(ev.grad), space.compact(ev.hess_diag)
@@ -127,7 +127,7 @@ class LBFGSPhase:
         else:  # a version-1 state: every feature, in id order
             space = ActiveFeatures.everything(n)
         try:
-            table = LocalTable(run.inputs.train).bind(space)
+            table = LocalTable(run.inputs.train, in_place=run.inputs.consume).bind(space)
         except ValueError:
             problem = InvalidInputError(
                 f"rank {run.comm.rank}: resume state: this rank's training rows hold features "
@@ -255,7 +255,16 @@ class LBFGSPhase:
             if stop is None and tracker.passes_done >= last_pass:
                 stop = "max_passes"
             self.checkpoint(stop)
-        return self.run.finish(self.full_theta(), self.value, stop)
+        return self.run.finish(self.full_theta(), self.value, stop, self._value_of)
+
+    def _value_of(self, theta: np.ndarray) -> float:
+        """f at full-length weights (early stopping's best pass may have been an online one,
+        whose objective was not computed). Through the working table when it renumbered the
+        shard in place (the shard's indices are its local numbers then; every pass's weights
+        are 0 outside the active set, so compacting them loses nothing), else over the shard."""
+        if self.run.inputs.consume:
+            return self.objective.value(self.space.compact(theta))
+        return self.run.objective.value(theta)
 
 
 def _preconditioner(run: TrainRun, space: ActiveFeatures, table: LocalTable, theta: np.ndarray,
@@ -284,7 +293,7 @@ def lbfgs_resume(run: TrainRun) -> TrainResult:
     phase = LBFGSPhase.restore(run, run.resume)
     stop = resumed_stop(run)
     if stop:
-        return run.finish(phase.full_theta(), phase.value, stop)
+        return run.finish(phase.full_theta(), phase.value, stop, phase._value_of)
     return phase.run_until(run.params.passes)
 
 

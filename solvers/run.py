@@ -88,13 +88,16 @@ class TrainRun:
                         self.tracker.state(), arrays, scalars)
         )
 
-    def finish(self, theta: np.ndarray, objective: float | None, stop_reason: str) -> TrainResult:
-        """The result: the best held-out weights under early stopping, else ``theta``."""
+    def finish(self, theta: np.ndarray, objective: float | None, stop_reason: str,
+               value_of: Callable[[np.ndarray], float] | None = None) -> TrainResult:
+        """The result: the best held-out weights under early stopping, else ``theta``.
+        ``value_of(θ)``: the objective at full-length weights when the solver cannot use
+        :attr:`objective` for it any more (L-BFGS after renumbering the data in place)."""
         best = self.tracker.best()
         if best is not None:
             theta, objective = best
         if objective is None:
-            objective = self.objective.value(theta)
+            objective = (value_of or self.objective.value)(theta)
         return TrainResult(
             weights=np.asarray(theta[:-1], dtype=np.float32).copy(),
             intercept=float(theta[-1]),

@@ -47,8 +47,12 @@ class Inputs:
     """This rank's validated shards (local checks at construction) and, once :meth:`agree` has
     run, the totals over all ranks."""
 
-    def __init__(self, rank: int, data: CSRData, holdout: CSRData | None, loss: str):
+    def __init__(self, rank: int, data: CSRData, holdout: CSRData | None, loss: str,
+                 consume: bool = False):
         self.n_features = int(data.n_features)
+        #: the caller handed the training data over: L-BFGS's working table may renumber its
+        #: indices in place (solvers.local_table); after that ``train`` holds local numbers
+        self.consume = consume
         self.train, self.problem = _local_check(data, f"rank {rank} training data", loss)
         self.holdout: Shard | None = None
         if self.problem is None and holdout is not None:

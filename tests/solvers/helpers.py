@@ -73,6 +73,12 @@ def keep(states: list):
     return lambda state: states.append(copy_state(state))
 
 
+def copy_data(data: CSRData) -> CSRData:
+    """A deep copy (for runs that consume their data, ``train(consume_data=True)``)."""
+    return CSRData(data.indptr.copy(), data.indices.copy(), data.values.copy(), data.labels.copy(),
+                   None if data.weights is None else data.weights.copy(), data.n_features)
+
+
 def train_local(data: CSRData, params: SolverParams, **kwargs):
     return train(data, LocalCommunicator(), params, **kwargs)
 

@@ -10,12 +10,14 @@ import pytest
 
 from allreduce.communicator import LocalCommunicator
 from solvers.active import ActiveFeatures
+from solvers.api import SolverParams
+from solvers.data import CSRData
 from solvers.kernels.features import number_by_first_use
 from solvers.kernels.losses import LOSS_IDS
 from solvers.local_table import LocalTable
 from solvers.objective import shard_sums, table_sums
 from solvers.shard import Shard
-from tests.solvers.helpers import binary_rows, planted_problem
+from tests.solvers.helpers import binary_rows, copy_data, objective_np, planted_problem, train_local
 
 
 def _rows(rows: list[list[int]], n_features: int) -> Shard:
@@ -89,3 +91,43 @@ def test_a_non_finite_margin_is_reported_with_its_row():
     table = LocalTable(_rows([[0], [1], [0, 1]], 2)).bind(space)
     _, problem = table_sums(table, np.array([0.0, np.inf, 0.0]), LOSS_IDS["logistic"], np.zeros(3))
     assert problem == "non-finite margin at row 1"
+
+
+def test_an_in_place_table_numbers_like_a_copy_and_takes_over_the_indices():
+    data = planted_problem(n=200, d=30, seed=71)
+    shard = Shard.from_csr(copy_data(data))
+    copy, own = LocalTable(Shard.from_csr(data)), LocalTable(shard, in_place=True)
+    assert own.shard.indices is shard.indices
+    assert own.shard.indices.tobytes() == copy.shard.indices.tobytes()
+    assert own.ids.tobytes() == copy.ids.tobytes()
+
+
+@pytest.mark.parametrize("solver", ["hybrid", "lbfgs"])
+def test_consumed_data_train_to_the_same_bits(solver):
+    """train(consume_data=True) renumbers the data's indices in place for L-BFGS's working table
+    and gives the weights of a run on a copy, bit for bit."""
+    data = planted_problem(n=400, d=30, seed=72, weighted=True)
+    params = SolverParams(solver=solver, l2=1e-3, passes=10, tol=1e-12)
+    kept = train_local(copy_data(data), params)
+    handed = copy_data(data)
+    got = train_local(handed, params, consume_data=True)
+    assert got.weights.tobytes() == kept.weights.tobytes()
+    assert got.intercept == kept.intercept and got.objective == kept.objective
+    assert handed.indices.tobytes() != data.indices.tobytes()  # now the table's local numbers
+
+
+def test_consumed_data_give_the_objective_of_an_early_stopped_online_pass():
+    """Early stopping's best pass is the online one (held-out labels flipped: every fit makes
+    them worse), whose objective the run computes at the end: through the working table when
+    the data were consumed, the same number as over the shard."""
+    data = planted_problem(n=300, d=30, seed=70)
+    flip = CSRData(data.indptr, data.indices, data.values, 1.0 - data.labels, data.weights, data.n_features)
+    params = SolverParams(solver="hybrid", l2=1e-3, passes=10, tol=1e-12, early_stop_passes=2)
+    kept = train_local(copy_data(data), params, holdout=copy_data(flip))
+    got = train_local(copy_data(data), params, holdout=copy_data(flip), consume_data=True)
+    assert kept.stop_reason == got.stop_reason == "early_stop"
+    assert kept.history[0]["holdout_loss"] < min(e["holdout_loss"] for e in kept.history[1:])
+    assert got.weights.tobytes() == kept.weights.tobytes()
+    want = objective_np(data, kept.weights, kept.intercept, 1e-3)
+    assert got.objective == pytest.approx(want, rel=1e-12)
+    assert kept.objective == pytest.approx(want, rel=1e-12)

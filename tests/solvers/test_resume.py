@@ -12,7 +12,14 @@ import pytest
 
 from solvers.api import SolverParams
 from solvers.state import copy_state, split_arrays
-from tests.solvers.helpers import keep, planted_problem, split_rows, train_local, train_on_tree
+from tests.solvers.helpers import (
+    copy_data,
+    keep,
+    planted_problem,
+    split_rows,
+    train_local,
+    train_on_tree,
+)
 
 
 def _round_trip(state: dict) -> dict:
@@ -67,6 +74,8 @@ def test_resume_with_the_coarse_correction_matches_the_uninterrupted_run():
     assert "lbfgs_coarse_E" in states[-1]
     for state in states:
         _same(train_local(data, params, resume=_round_trip(state), groups=gmap), full)
+        # a run that renumbers its data in place for the working table (the train job's)
+        _same(train_local(copy_data(data), params, resume=_round_trip(state), groups=gmap, consume_data=True), full)
 
 
 def test_resume_with_early_stopping_keeps_the_best_weights():
