@@ -97,7 +97,8 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
         raise TrainError(str(e)) from None
     rank0 = next(r for r in res.results if r["rank"] == 0)
     per_rank = [{k: r[k] for k in ("rank", "shard", "attempt_id", "spare", "rows", "nnz", "holdout_rows",
-                                   "csr_bytes", "read_s", "warm_wait_s", "seconds", "resumed_from_pass", "peak_rss_bytes")}
+                                   "csr_bytes", "read_s", "warm_wait_s", "seconds", "resumed_from_pass", "peak_rss_bytes",
+                                   "numpy_madvise_hugepage")}
                 for r in res.results]
     metadata = {
         "spec": spec,

@@ -147,6 +147,7 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
         "csr_bytes": data.nbytes, "read_s": read_s, "warm_wait_s": warm_wait_s, "seconds": time.perf_counter() - t0,
         "resumed_from_pass": None if found is None else found[0],
         "peak_rss_bytes": _peak_rss(),
+        "numpy_madvise_hugepage": os.environ.get("NUMPY_MADVISE_HUGEPAGE"),  # jobs.session.EXECUTOR_ENV
     }
     if comm.rank == 0:
         modeldir.write_weights(spec.staging_dir, result.weights)

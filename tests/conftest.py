@@ -41,6 +41,8 @@ def pytest_collection_modifyitems(config, items):
 def spark():
     from pyspark.sql import SparkSession
 
+    from jobs.session import EXECUTOR_ENV
+
     s = (
         SparkSession.builder.master("local[2]")
         .appName("terascale-tests")
@@ -49,6 +51,7 @@ def spark():
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.default.parallelism", "2")
+        .config(map=EXECUTOR_ENV)  # as the jobs' sessions (jobs.session)
         .getOrCreate()
     )
     s.sparkContext.setLogLevel("ERROR")

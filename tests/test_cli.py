@@ -75,3 +75,18 @@ def test_featurize_job_failure_exits_1(tmp_path):
     )
     assert r.returncode == 1
     assert f"terascale featurize: input error: input '{tmp_path / 'missing'}': no such file or directory" in r.stderr
+
+
+def test_sessions_terascale_starts_get_its_executor_environment():
+    """jobs.session.local_settings: the config's Spark settings win; terascale adds loopback,
+    Arrow and the executor environment (numpy's huge-page advice off) where they are unset."""
+    from jobs.config import load_config
+    from jobs.session import EXECUTOR_ENV, local_settings
+
+    cfg = load_config([], ["spark.master=local[2]"])
+    got = local_settings(cfg.spark)
+    assert got["spark.executorEnv.NUMPY_MADVISE_HUGEPAGE"] == "0" and EXECUTOR_ENV.items() <= got.items()
+    assert got["spark.driver.host"] == "127.0.0.1"
+    mine = load_config([], ["spark.master=yarn", 'spark.conf={"spark.executorEnv.NUMPY_MADVISE_HUGEPAGE": "1"}'])
+    got = local_settings(mine.spark)
+    assert got["spark.executorEnv.NUMPY_MADVISE_HUGEPAGE"] == "1" and "spark.driver.host" not in got

@@ -58,6 +58,8 @@ def test_k1_and_k2_reach_the_same_optimum_and_write_a_complete_model(spark, data
     assert all("coarse_groups" not in x for x in h[1:])
     assert all(len(x["compute_s"]) == 2 and len(x["stall_s"]) == 2 and len(x["transfer_s"]) == 2 for x in h)
     assert {r["rank"] for r in m2["per_rank"]} == {0, 1} and sum(r["rows"] for r in m2["per_rank"]) == 8000
+    # the executors' environment of jobs.session reached the Python workers (local mode too)
+    assert {r["numpy_madvise_hugepage"] for r in m2["per_rank"]} == {"0"}
     assert not list(tmp_path.glob("*.tmp-*")) and not list(tmp_path.glob("*.checkpoint"))
 
     r = evaluate(spark, str(data / "te"), str(tmp_path / "m2"))

@@ -121,6 +121,7 @@ def main() -> dict:
 
     from allreduce.communicator import LocalCommunicator
     from jobs.config import load_config
+    from jobs.session import EXECUTOR_ENV
     from jobs.train_job import run_train
     from pipeline.dataset import read_dataset
     from solvers.api import train
@@ -133,7 +134,8 @@ def main() -> dict:
     raw_test = generated_logs(TEST_ROWS, 1, seed=13)
     tag = f"{ROWS // 1000}k"
     spark = (SparkSession.builder.master("local[2]").appName("bench-train").config("spark.ui.enabled", "false")
-             .config("spark.driver.host", "127.0.0.1").config("spark.driver.memory", "6g").getOrCreate())
+             .config("spark.driver.host", "127.0.0.1").config("spark.driver.memory", "6g")
+             .config(map=EXECUTOR_ENV).getOrCreate())  # the executor environment of terascale's jobs
     spark.sparkContext.setLogLevel("ERROR")
     fig: dict = {"rows": ROWS, "test_rows": TEST_ROWS, "bits": BITS, "lambda": LAMBDA}
     try:
