@@ -7,7 +7,15 @@ collectives' wait (for the slowest rank), ``transfer_s`` = the rest of the colle
 (from the communicator's stats), and scores the held-out shard with the current weights. One
 float64 AllReduce of ``[held-out loss, held-out problems, solver sums…, compute·e_r, stall·e_r,
 transfer·e_r, elapsed·e_r]`` (e_r: one slot per rank) then gives every rank every rank's
-timings, so the history is the same on every rank (``elapsed_s`` is the slowest rank's).
+timings, so the history is the same on every rank.
+
+Two clocks: ``elapsed_s`` is the largest rank's time since its own start of training, i.e. since
+the FIRST rank started (the history's clock, the one checkpoints carry); ``elapsed_all_s`` is the
+smallest, since the LAST rank started, i.e. since every shard was in memory. Ranks read their
+shards before training and start when their own read is done (no collective before the first
+pass: speculative execution), so the difference is the spread of the reads' ends, which the
+early ranks spend waiting at the first collective. Every rank takes its time right after the
+pass's last collective, which they leave together, so no clocks need to agree.
 
 Early stopping (Vowpal Wabbit's holdout rule): with held-out data and ``early_stop_passes``
 k > 0, stop after k consecutive passes without a strictly lower held-out loss, and return the
@@ -119,6 +127,7 @@ class PassTracker:
             "grad_norm": _json_float(grad_norm),
             "step": _json_float(step),
             "elapsed_s": float(timing[3].max()),
+            "elapsed_all_s": float(timing[3].min()),
         }
         if self.holdout_weight > 0.0:
             entry["holdout_loss"] = float(tot[0]) / self.holdout_weight

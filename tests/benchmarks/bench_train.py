@@ -18,7 +18,10 @@ VW reads exactly the same hashed features (integer feature names) from its binar
    The measured job runs in the Python workers of that run (Spark reuses them), as MLlib runs
    in a JVM warmed by caching its data; the same job in fresh applications (CLI, new workers;
    FRESH_RUNS of them, each recorded, their median compared) is measured too
-   (``mllib.fresh_application``).
+   (``mllib.fresh_application``). terascale's times are the history's ``elapsed_s`` (since the
+   first rank started training); the same comparison is also made on ``elapsed_all_s`` (since
+   the last rank started, i.e. every shard in memory: MLlib's fit is timed after
+   ``cache().count()``, so its clock too starts with all data loaded), ``since_all_loaded``.
 3. Test logloss of terascale with default settings against VW's runs (1 pass; 1 pass + 20 bfgs
    passes; 1 pass + bfgs with VW's default holdout early termination); target: no worse than
    the best VW run + 0.001.
@@ -59,9 +62,11 @@ def logloss(y, p) -> float:
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log1p(-p)))
 
 
-def first_time_at_or_below(history, target: float):
+def first_time_at_or_below(history, target: float, clock: str = "elapsed_s"):
+    """The history's time (``clock``: elapsed_s since the first rank started, elapsed_all_s since
+    every shard was in memory, see solvers.tracker) of the first pass at or below ``target``."""
     h = first_pass_at_or_below(history, target)
-    return None if h is None else h["elapsed_s"]
+    return None if h is None else h[clock]
 
 
 def first_pass_at_or_below(history, target: float):
@@ -199,8 +204,11 @@ def main() -> dict:
         ml_s, w_ml, b_ml = _mllib(spark, train_dir, LAMBDA)
         ml_obj = objective(x, y, w_ml, b_ml, LAMBDA)
         t_ml = first_time_at_or_below(hist, ml_obj)
+        t_all = first_time_at_or_below(hist, ml_obj, "elapsed_all_s")
         fig["mllib"] = {"fit_s": ml_s, "objective": ml_obj, "terascale_time_to_mllib_objective_s": t_ml,
                         "speedup": None if t_ml is None else ml_s / t_ml,
+                        "since_all_loaded": {"time_to_mllib_objective_s": t_all,
+                                             "speedup": None if t_all is None else ml_s / t_all},
                         "terascale_data_passes": data_passes(hist, first_pass_at_or_below(hist, ml_obj))}
     finally:
         spark.stop()
@@ -240,12 +248,14 @@ def main() -> dict:
         assert r.returncode == 0, r.stderr[-2000:]
         fresh = json.loads((out / "metadata.json").read_text())["history"]
         runs.append({"time_to_mllib_objective_s": first_time_at_or_below(fresh, fig["mllib"]["objective"]),
+                     "since_all_loaded_s": first_time_at_or_below(fresh, fig["mllib"]["objective"], "elapsed_all_s"),
                      "pass1_s": fresh[0]["elapsed_s"]})
-    times = [r["time_to_mllib_objective_s"] for r in runs]
-    t_fresh = None if None in times else statistics.median(times)
-    fig["mllib"]["fresh_application"] = {
-        "time_to_mllib_objective_s": t_fresh, "speedup": None if t_fresh is None else fig["mllib"]["fit_s"] / t_fresh,
-        "runs": runs}
+    fig["mllib"]["fresh_application"] = {"runs": runs}
+    for key, out in (("time_to_mllib_objective_s", fig["mllib"]["fresh_application"]),
+                     ("since_all_loaded_s", fig["mllib"]["fresh_application"].setdefault("since_all_loaded", {}))):
+        times = [r[key] for r in runs]
+        t = None if None in times else statistics.median(times)
+        out.update({"time_to_mllib_objective_s": t, "speedup": None if t is None else fig["mllib"]["fit_s"] / t})
     shutil.rmtree(work, ignore_errors=True)
 
     v, o, h, m, d = fig["vw"], fig["terascale_online"], fig["terascale_hybrid"], fig["mllib"], fig["default_run"]
@@ -257,6 +267,9 @@ def main() -> dict:
           f"{m['terascale_time_to_mllib_objective_s']} s -> {m['speedup']}x (target >= 20x); in a fresh application "
           f"at {m['fresh_application']['time_to_mllib_objective_s']} s (median of {FRESH_RUNS}: "
           f"{[r['time_to_mllib_objective_s'] for r in m['fresh_application']['runs']]}) -> {m['fresh_application']['speedup']}x")
+    print(f"  the same counted from the moment every shard was in memory (elapsed_all_s; MLlib's fit is timed after "
+          f"its data are cached): {m['since_all_loaded']['speedup']}x, in fresh applications "
+          f"{m['fresh_application']['since_all_loaded']['speedup']}x")
     print(f"default settings: test logloss {d['test_logloss']:.5f} vs best VW {d['best_vw_test_logloss']:.5f} "
           f"(target <= +0.001: {d['meets_target']}); train {d['train_seconds']:.1f} s in job, {d['end_to_end_s']:.1f} s end to end")
     for p in d["per_rank"]:

@@ -4,14 +4,24 @@ rank, and the online weighted average against a numpy reference of its formula."
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
-from solvers.api import SolverParams
+from solvers.api import SolverParams, train
 from solvers.kernels.losses import LOSS_IDS
 from solvers.kernels.online import G, W, new_state, online_pass
 from solvers.shard import Shard
-from tests.solvers.helpers import keep, planted_problem, split_rows, train_local, train_on_tree
+from tests.allreduce.harness import run_tree
+from tests.solvers.helpers import (
+    TREE_NODE_KWARGS,
+    keep,
+    planted_problem,
+    split_rows,
+    train_local,
+    train_on_tree,
+)
 
 L2 = 1e-3
 
@@ -163,3 +173,19 @@ def test_averaging_the_marked_rows_gives_the_bits_of_averaging_every_row():
     compact = averaged(np.flatnonzero(marks))
     for a, b in zip(full, compact, strict=True):
         assert a[:, :2].tobytes() == b[:, :2].tobytes()
+
+
+def test_elapsed_all_counts_from_the_last_rank_start(problem):
+    """A rank that starts 0.5 s late (a slow read): elapsed_s counts from the first rank's start,
+    elapsed_all_s from the last one's, the same on every rank."""
+    shards = split_rows(problem, 2)
+
+    def body(node):
+        if node.rank == 1:
+            time.sleep(0.5)
+        return train(shards[node.rank], node, SolverParams(solver="hybrid", l2=1e-3, passes=3))
+
+    results = run_tree(2, body, node_kwargs=TREE_NODE_KWARGS, timeout=120.0).results
+    assert results[0].history == results[1].history
+    for e in results[0].history:
+        assert 0.0 <= e["elapsed_all_s"] and e["elapsed_s"] - e["elapsed_all_s"] >= 0.45

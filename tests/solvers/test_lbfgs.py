@@ -93,7 +93,7 @@ def test_history_of_an_lbfgs_run():
     assert all(b["objective"] <= a["objective"] for a, b in zip(lb, lb[1:], strict=False))
     for e in h:
         assert len(e["compute_s"]) == len(e["stall_s"]) == len(e["transfer_s"]) == 1
-        assert e["elapsed_s"] >= 0 and "holdout_loss" not in e
+        assert e["elapsed_s"] >= 0 and e["elapsed_all_s"] == e["elapsed_s"] and "holdout_loss" not in e  # K = 1
     assert h[-1]["objective"] == res.objective
 
 
