@@ -42,6 +42,7 @@ def main() -> dict:
 
     from jobs.cli import _spec
     from jobs.config import load_config
+    from jobs.session import EXECUTOR_ENV
     from pipeline.spark_featurize import run_featurize
 
     data = generated_logs(ROWS, FILES, seed=11)
@@ -50,7 +51,8 @@ def main() -> dict:
     shutil.rmtree(work, ignore_errors=True)
     spark = (SparkSession.builder.master("local[2]").appName("bench-featurize")
              .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.memory", "4g").getOrCreate())
+             .config("spark.driver.memory", "4g")
+             .config(map=EXECUTOR_ENV).getOrCreate())  # the executor environment of terascale's jobs
     spark.sparkContext.setLogLevel("ERROR")
     cfg = load_config([], [f"featurize.bits={BITS}"])
     spec = _spec(cfg)
