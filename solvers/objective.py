@@ -172,15 +172,12 @@ class DistributedObjective:
         table.load_direction(theta, p)
         n_rows = table.shard.n_rows
         stride = sample_stride(n_rows, sample_rows)
-        sums = np.zeros(2)
-        problem = None
-        for start, stop in row_chunks(n_rows):
-            status, row = table.curvature_rows(self.loss_id, start, stop, stride, sums)
-            if status != K.OK:
-                problem = f"{_STATUS[status]} at row {row}"
-                break
-            if self.on_rows is not None:
-                self.on_rows(stop)
+        sums = np.zeros(2)  # the kernel adds into it: [Σ hᵢ·ℓ''ᵢ·uᵢ², Σ hᵢ] over the rows used
+
+        def call(start: int, stop: int, _: float):
+            return (0.0, *table.curvature_rows(self.loss_id, start, stop, stride, sums))
+
+        problem = _over_chunks(n_rows, call, self.on_rows)[1]
         acc = sums[0]
         if stride > 1 and sums[1] > 0.0:
             acc *= table.shard.weight_sum() / sums[1]
