@@ -174,6 +174,10 @@ class InjectConf:
     fail_pass: int = param(1, "chaos drill: the pass at which fail_shard fails", Interval(1, None, integer=True))
     fail_mode: str = param("raise", "chaos drill: raise an exception or kill the process", OneOf(("raise", "kill")))
     pass_delay_s: float = param(0.0, "chaos drill: every rank sleeps this long after each pass, stretching a run so an outside fault (a killed executor) can strike mid-training", Interval(0.0, 3600.0))
+    corrupt_checkpoint: str = param(
+        "", "chaos drill: when fail_shard fails, it first damages the newest shared checkpoint (per-rank checkpoints: its own): truncate, flip "
+        "(one byte of its .npz), drop_npz or drop_json (delete that half); '' = off",
+        OneOf(("", "truncate", "flip", "drop_npz", "drop_json")))
 
 
 _SP = SolverParams()  # the solvers' own defaults: declared once, there
