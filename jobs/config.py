@@ -163,6 +163,12 @@ class FeaturizeConf:
         -1, "chaos drill: the first attempt of this task fails after writing part of its output (-1: off)",
         Interval(-1, None, integer=True),
     )
+    inject_slow_task: int = param(
+        -1, "chaos drill: the first attempt of this task waits inject_slow_s after writing its output, so that "
+        "Spark's speculation (spark.speculation=true) runs a copy of it (-1: off)",
+        Interval(-1, None, integer=True),
+    )
+    inject_slow_s: float = param(0.0, "chaos drill: how long inject_slow_task's first attempt waits", Interval(0.0, 3600.0))
 
 
 @dataclass(frozen=True)
