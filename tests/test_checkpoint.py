@@ -175,3 +175,27 @@ def test_a_task_of_the_previous_attempt_cannot_join_the_new_attempts_tree():
     assert len(refused) == 1 and run.server.survivors() == {0: "attempt-0", 1: "attempt-1"}
     assert run.server.rejected_connections >= 1
 
+
+
+def test_a_checkpoint_that_does_not_fit_the_run_is_a_checkpoint_error(tmp_path):
+    from jobs.train_task import Inject, TaskSpec, _resume
+    from solvers.api import SolverParams
+    from tests.solvers.helpers import keep, planted_problem, train_local
+
+    data = planted_problem(n=200, d=20)
+    params = SolverParams(solver="online", passes=2)
+    states = []
+    train_local(data, params, on_pass_end=keep(states))
+    d = str(tmp_path / "ck")
+    checkpoint.save(d, 2, states[-1], attempt=0)
+
+    def spec(n_features: int, params: SolverParams) -> TaskSpec:
+        return TaskSpec(shards=((),), n_features=n_features, params=params, holdout_period=0, checkpoint_dir=d,
+                        checkpoint_interval_s=0, staging_dir="", inject=Inject())
+
+    entry, state, held = _resume(spec(data.n_features, params), 0, 1)
+    assert (entry.pass_no, held, state["weights"].tobytes()) == (2, [2], states[-1]["weights"].tobytes())
+    with pytest.raises(CheckpointError, match=r"pass-000002\.a00\.json does not fit this run: resume state: n_features = 20: the data has 21"):
+        _resume(spec(data.n_features + 1, params), 0, 1)
+    with pytest.raises(CheckpointError, match=r"params\.solver = 'online' differs from this run's 'lbfgs'"):
+        _resume(spec(data.n_features, SolverParams(solver="lbfgs")), 0, 1)
