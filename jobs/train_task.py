@@ -1,9 +1,11 @@
 """What one barrier task of the train job does (runs on an executor; no pyspark import here).
 
 read its shard with pyarrow straight into CSR -> split the held-out rows -> resume from the
-newest checkpoint if there is one -> train (the first collective joins the tree, i.e. the task
-registers as its shard's survivor when its first pass is done) -> rank 0 writes a checkpoint
-after every pass and, at the end, the weights into the model's staging directory. The driver
+newest checkpoint it can verify, if there is one -> train (the first collective joins the tree,
+i.e. the task registers as its shard's survivor when its first pass is done, and agrees with the
+other ranks on the resume pass, :mod:`jobs.resume`; all restart from a common pass if they
+started from different ones) -> rank 0 writes a checkpoint after every pass (every rank its own
+for per-rank solver state) and, at the end, the weights into the model's staging directory. The driver
 gets back only small things: history, counts, timings and where the weights are.
 """
 
