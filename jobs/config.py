@@ -163,6 +163,12 @@ class FeaturizeConf:
         -1, "chaos drill: the first attempt of this task fails after writing part of its output (-1: off)",
         Interval(-1, None, integer=True),
     )
+    inject_slow_task: int = param(
+        -1, "chaos drill: the first attempt of this task waits inject_slow_s after writing its output, so that "
+        "Spark's speculation (spark.speculation=true) runs a copy of it (-1: off)",
+        Interval(-1, None, integer=True),
+    )
+    inject_slow_s: float = param(0.0, "chaos drill: how long inject_slow_task's first attempt waits", Interval(0.0, 3600.0))
 
 
 @dataclass(frozen=True)
@@ -174,6 +180,10 @@ class InjectConf:
     fail_pass: int = param(1, "chaos drill: the pass at which fail_shard fails", Interval(1, None, integer=True))
     fail_mode: str = param("raise", "chaos drill: raise an exception or kill the process", OneOf(("raise", "kill")))
     pass_delay_s: float = param(0.0, "chaos drill: every rank sleeps this long after each pass, stretching a run so an outside fault (a killed executor) can strike mid-training", Interval(0.0, 3600.0))
+    corrupt_checkpoint: str = param(
+        "", "chaos drill: when fail_shard fails, it first damages the newest shared checkpoint (per-rank checkpoints: its own): truncate, flip "
+        "(one byte of its .npz), drop_npz or drop_json (delete that half); '' = off",
+        OneOf(("", "truncate", "flip", "drop_npz", "drop_json")))
 
 
 _SP = SolverParams()  # the solvers' own defaults: declared once, there

@@ -13,6 +13,7 @@ training sooner, so it is an upper bound and shown as such.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import threading
@@ -20,25 +21,28 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from pipeline import fsutil
+from pipeline import durable, fsutil
 
 log = logging.getLogger("terascale.train")
 
 FILE = "_progress.json"
 
 
-def write_pass(directory: str, state: dict) -> None:
-    """Rank 0, after a pass: the pass number, its history entry's numbers, atomically."""
+def write_pass(directory: str, state: dict, tag: str = "") -> None:
+    """Rank 0, after a pass: the pass number, its history entry's numbers, atomically (a
+    temporary name unique to the writer, ``tag`` naming its attempt, so a lingering task of an
+    older attempt never shares one with the new attempt's rank 0)."""
     history = state.get("history") or []
     last = history[-1] if history else {}
     fsutil.makedirs(directory)
-    fsutil.write_json_atomic(fsutil.join(directory, FILE), {
+    body = {
         "pass": int(state.get("pass", len(history))),
         "objective": last.get("objective"),
         "holdout_loss": last.get("holdout_loss"),
         "elapsed_s": last.get("elapsed_s"),
         "written": time.time(),
-    })
+    }
+    durable.write_bytes(fsutil.join(directory, FILE), json.dumps(body, indent=2).encode() + b"\n", tag=tag)
 
 
 def read_pass(directory: str) -> dict | None:

@@ -13,6 +13,7 @@ import time
 import uuid
 
 from allreduce.spark import BarrierError, NetConf, run_barrier
+from jobs import checkpoint
 from jobs.config import Config, to_dict
 from jobs.progress import ProgressMonitor
 from jobs.train_task import Inject, TaskSpec, run_train_task
@@ -54,6 +55,16 @@ def _groups_path(data_dir: str, manifest: dict, params: SolverParams) -> str:
     return fsutil.join(fsutil.normalize(data_dir), entry["path"])
 
 
+def _fenced(ckpt: str, attach):
+    """Before each attempt starts: its checkpoint fence (jobs.checkpoint.begin_attempt), then ``attach``."""
+
+    def on_attempt(server, attempt: int) -> None:
+        checkpoint.begin_attempt(ckpt, attempt)
+        attach(server, attempt)
+
+    return on_attempt
+
+
 def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     """Train on the featurized dataset ``data_dir`` and write ``model_dir``; returns its metadata."""
     t0 = time.perf_counter()
@@ -91,7 +102,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
             res = run_barrier(spark, t.workers, t.spares, lambda ctx: run_train_task(ctx, task),
                               net=NetConf.from_conf(cfg.allreduce), max_attempts=t.max_attempts,
                               server_host=cfg.allreduce.host, job_name="terascale train",
-                              no_retry=DETERMINISTIC_ERRORS, on_attempt=monitor.attach)
+                              no_retry=DETERMINISTIC_ERRORS, on_attempt=_fenced(ckpt, monitor.attach))
     except BarrierError as e:
         fsutil.delete(staging)
         raise TrainError(str(e)) from None

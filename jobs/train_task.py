@@ -1,9 +1,11 @@
 """What one barrier task of the train job does (runs on an executor; no pyspark import here).
 
 read its shard with pyarrow straight into CSR -> split the held-out rows -> resume from the
-newest checkpoint if there is one -> train (the first collective joins the tree, i.e. the task
-registers as its shard's survivor when its first pass is done) -> rank 0 writes a checkpoint
-after every pass and, at the end, the weights into the model's staging directory. The driver
+newest checkpoint it can verify, if there is one -> train (the first collective joins the tree,
+i.e. the task registers as its shard's survivor when its first pass is done, and agrees with the
+other ranks on the resume pass, :mod:`jobs.resume`; all restart from a common pass if they
+started from different ones) -> rank 0 writes a checkpoint after every pass (every rank its own
+for per-rank solver state) and, at the end, the weights into the model's staging directory. The driver
 gets back only small things: history, counts, timings and where the weights are.
 """
 
@@ -16,11 +18,14 @@ from dataclasses import dataclass
 from allreduce.lazy import LazyCommunicator
 from jobs import checkpoint
 from jobs import progress as progress_file
-from pipeline import modeldir
+from jobs.resume import ResumeAgreement, ResumeRestart
+from pipeline import fsutil, modeldir
 from pipeline.dataset import ShardPart, read_csr
 from pipeline.groups import load_map
 from solvers.api import train
 from solvers.params import SolverParams
+from solvers.registry import RESUME_CHECKS
+from solvers.state import check_resume
 from solvers.warmup import start_warm_up
 
 PROGRESS_EVERY_S = 2.0
@@ -41,12 +46,34 @@ class Inject:
     fail_pass: int = 1
     fail_mode: str = "raise"
     pass_delay_s: float = 0.0
+    corrupt_checkpoint: str = ""
 
-    def maybe_fail(self, shard: int, attempt: int, pass_no: int) -> None:
+    def maybe_fail(self, shard: int, attempt: int, pass_no: int, checkpoint_dir: str = "") -> None:
         if (shard, attempt, pass_no) == (self.fail_shard, self.fail_attempt, self.fail_pass):
+            if self.corrupt_checkpoint and checkpoint_dir:
+                corrupt_newest(checkpoint_dir, self.corrupt_checkpoint, shard)
             if self.fail_mode == "kill":
                 os._exit(17)  # the process dies abruptly, as a lost executor would
             raise InjectedFailure(f"train.inject: shard {shard} fails at pass {pass_no} of attempt {attempt}")
+
+
+def corrupt_newest(directory: str, mode: str, shard: int) -> None:
+    """The train.inject.corrupt_checkpoint drill: damage the newest shared checkpoint (with
+    per-rank checkpoints: the failing shard's own) as a bad disk or a torn copy would (truncate /
+    flip a byte of its .npz, or delete its .npz / manifest)."""
+    found = checkpoint.entries(directory, 1 << 30) or checkpoint.entries(checkpoint.rank_dir(directory, shard), 1 << 30)
+    if not found:
+        return
+    e = found[0]
+    fs, npz = fsutil.resolve(e.npz)
+    if mode in ("truncate", "flip"):
+        with fs.open_input_stream(npz) as f:
+            blob = f.read()
+        blob = blob[: len(blob) // 2] if mode == "truncate" else blob[:100] + bytes([blob[100] ^ 0xFF]) + blob[101:]
+        with fs.open_output_stream(npz) as out:
+            out.write(blob)
+    else:
+        fsutil.delete(e.npz if mode == "drop_npz" else e.manifest)
 
 
 @dataclass(frozen=True)
@@ -82,18 +109,24 @@ def _progress_hook(ctx, spec: TaskSpec):
     return progress
 
 
+def _read(spec: TaskSpec, ctx):
+    data = read_csr(list(spec.shards[ctx.shard]), spec.n_features)
+    train_data, holdout = data.split_holdout(spec.holdout_period)
+    return data, train_data, holdout
+
+
 def run_train_task(ctx, spec: TaskSpec) -> dict:
     t0 = time.perf_counter()
     # load the solver's compiled kernels while pyarrow reads the shard (solvers.warmup)
     warming = start_warm_up(spec.params, spec.holdout_period, bool(spec.groups_path))
-    data = read_csr(list(spec.shards[ctx.shard]), spec.n_features)
+    data, train_data, holdout = _read(spec, ctx)
     read_s = time.perf_counter() - t0
     if warming is not None:
         warming.join()
     warm_wait_s = time.perf_counter() - t0 - read_s  # the warm-up's time beyond the read
-    train_data, holdout = data.split_holdout(spec.holdout_period)
-    found = _resume(spec.checkpoint_dir, ctx.shard, ctx.num_shards)
+    found = _resume(spec, ctx.shard, ctx.attempt)
     resume = None if found is None else found[1]
+    resumed_from = None if found is None else found[0].pass_no
     init = None
     if resume is None and spec.init_weights:
         w, b, _ = modeldir.load_model(spec.init_weights)
@@ -104,14 +137,16 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
 
         select_device(ctx.gpu_address)
     ctx.heartbeat(0)
-    comm = LazyCommunicator(ctx.shard, ctx.num_shards, ctx.join)
+    lazy = LazyCommunicator(ctx.shard, ctx.num_shards, ctx.join)
+    # the resume agreement rides the first collective (jobs.resume)
+    comm = ResumeAgreement(lazy, [] if found is None else found[2]) if spec.checkpoint_dir else lazy
 
     last_saved = [time.monotonic()]
     last_progress = [float("-inf")]
 
     def on_pass_end(state: dict) -> None:
         p = int(state["pass"])
-        spec.inject.maybe_fail(ctx.shard, ctx.attempt, p)
+        spec.inject.maybe_fail(ctx.shard, ctx.attempt, p, spec.checkpoint_dir)
         save_checkpoint(p, state)
         if spec.inject.pass_delay_s:
             time.sleep(spec.inject.pass_delay_s)
@@ -123,29 +158,43 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
         if state.get("per_rank"):
             # every rank saves its own state, on one decision, so a common pass always exists
             if comm.allreduce_scalars([1.0 if due else 0.0])[0] > 0:
-                checkpoint.save(checkpoint.rank_dir(spec.checkpoint_dir, comm.rank), p, state, keep=2)
+                checkpoint.save(checkpoint.rank_dir(spec.checkpoint_dir, comm.rank), p, state,
+                                attempt=ctx.attempt, root=spec.checkpoint_dir)
                 last_saved[0] = time.monotonic()
         elif comm.rank == 0 and due:
-            checkpoint.save(spec.checkpoint_dir, p, state)
+            checkpoint.save(spec.checkpoint_dir, p, state, attempt=ctx.attempt)
             last_saved[0] = time.monotonic()
         # the driver's progress display: at most every PROGRESS_EVERY_S (CoCoA rounds can take
         # milliseconds, and on HDFS / S3 every write is a create and a rename), and the last pass
         now = time.monotonic()
         if comm.rank == 0 and (now - last_progress[0] >= PROGRESS_EVERY_S or state.get("stop_reason")):
-            progress_file.write_pass(spec.checkpoint_dir, state)
+            progress_file.write_pass(spec.checkpoint_dir, state, tag=f"a{ctx.attempt}")
             last_progress[0] = now
 
     progress = _progress_hook(ctx, spec)
+
+    def fit(resume_state):
+        return train(train_data, comm, spec.params, holdout=holdout, on_pass_end=on_pass_end,
+                     resume=resume_state, progress=progress, init=init, groups=groups, consume_data=True)
+
     with comm:
-        result = train(train_data, comm, spec.params, holdout=holdout, on_pass_end=on_pass_end,
-                       resume=resume, progress=progress, init=init, groups=groups, consume_data=True)
+        try:
+            result = fit(resume)
+        except ResumeRestart as r:
+            # ranks started from different passes: all restart from the one every rank holds,
+            # on fresh data (L-BFGS renumbers the consumed shard in place)
+            del data, train_data, holdout, resume
+            resume = _load_pass(spec, ctx.shard, ctx.attempt, r.pass_no)
+            resumed_from = r.pass_no
+            data, train_data, holdout = _read(spec, ctx)
+            result = fit(resume)
         counts = comm.allreduce_scalars([train_data.n_rows, train_data.nnz,
                                          0 if holdout is None else holdout.n_rows, float(data.nbytes)])
     out = {
         "shard": ctx.shard, "rank": comm.rank, "attempt_id": ctx.attempt_id, "spare": ctx.is_spare,
         "rows": train_data.n_rows, "nnz": train_data.nnz, "holdout_rows": 0 if holdout is None else holdout.n_rows,
         "csr_bytes": data.nbytes, "read_s": read_s, "warm_wait_s": warm_wait_s, "seconds": time.perf_counter() - t0,
-        "resumed_from_pass": None if found is None else found[0],
+        "resumed_from_pass": resumed_from,
         "peak_rss_bytes": _peak_rss(),
         "numpy_madvise_hugepage": os.environ.get("NUMPY_MADVISE_HUGEPAGE"),  # jobs.session.EXECUTOR_ENV
     }
@@ -160,12 +209,42 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
     return out
 
 
-def _resume(directory: str, rank: int, size: int) -> tuple[int, dict] | None:
-    """The checkpoint to resume from: the shared one rank 0 wrote, or this rank's own at the
-    newest pass every rank checkpointed (solvers with per-rank state)."""
-    if not directory:
+def _where(spec: TaskSpec, rank: int) -> str:
+    """The directory of this rank's checkpoints: the shared one rank 0 writes if it holds any,
+    else this rank's own (solvers with per-rank state)."""
+    shared = spec.checkpoint_dir
+    if any(True for _ in checkpoint.entries(shared, 1 << 30)):
+        return shared
+    return checkpoint.rank_dir(shared, rank)
+
+
+def _fits(spec: TaskSpec, entry, state: dict) -> dict:
+    try:
+        RESUME_CHECKS.get(spec.params.solver, check_resume)(state, spec.params, spec.n_features)
+    except ValueError as e:
+        raise checkpoint.CheckpointError(f"checkpoint {entry.manifest} does not fit this run: {e}") from None
+    return state
+
+
+def _resume(spec: TaskSpec, rank: int, attempt: int):
+    """(entry, state, passes held) of the newest verified checkpoint this rank may resume from
+    (jobs.checkpoint.newest), or None; raises CheckpointError if it does not fit the run."""
+    if not spec.checkpoint_dir:
         return None
-    return checkpoint.latest(directory) or checkpoint.common_latest(directory, rank, size)
+    found = checkpoint.newest(_where(spec, rank), attempt, root=spec.checkpoint_dir)
+    if found is None:
+        return None
+    entry, state, held = found
+    return entry, _fits(spec, entry, state), held
+
+
+def _load_pass(spec: TaskSpec, rank: int, attempt: int, pass_no: int) -> dict:
+    """The verified state of pass ``pass_no`` that the ranks agreed on (CheckpointError if gone)."""
+    entry = checkpoint.find(_where(spec, rank), attempt, pass_no, root=spec.checkpoint_dir)
+    try:
+        return _fits(spec, entry, checkpoint.load(entry))
+    except checkpoint.CorruptCheckpoint as e:
+        raise checkpoint.CheckpointError(f"the agreed resume pass {pass_no} is unusable on rank {rank}: {e}") from None
 
 
 def _peak_rss() -> int:

@@ -98,13 +98,17 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
     payload = [(i, [p.to_json() for p in task]) for i, task in enumerate(plan)]
 
     fail_task = fconf.inject_fail_task
+    slow_task, slow_s = fconf.inject_slow_task, fconf.inject_slow_s
 
     def task_fn(_, items):
         for i, pieces_json in items:
             tag = _attempt_tag()
             attempt_dir = fsutil.join(staging, f"task-{i:05d}-{tag}")
             o = replace(opts, inject_fail=(i == fail_task and tag.startswith("a0-")))
-            yield run_task(i, [Piece.from_json(p) for p in pieces_json], spec, o, attempt_dir)
+            result = run_task(i, [Piece.from_json(p) for p in pieces_json], spec, o, attempt_dir)
+            if i == slow_task and tag.startswith("a0-"):
+                time.sleep(slow_s)  # chaos drill: a straggler whose output is complete
+            yield result
 
     sc.setJobDescription(f"terascale featurize: {len(files)} files -> {out}")
     try:

@@ -89,6 +89,29 @@ def test_killed_attempt_resumes_from_checkpoint(spark, data, tmp_path):
     assert len(hurt["history"]) == len(clean["history"])
 
 
+@pytest.mark.parametrize("damage", ["truncate", "drop_json"])
+def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(spark, data, tmp_path, damage):
+    base = ["train.workers=2", "train.passes=6", "train.holdout_period=0", "train.early_stop_passes=0",
+            "train.checkpoint_interval_s=0", "spark.master=local[2]"]
+    clean = run_train(spark, _cfg(*base), str(data / "tr"), str(tmp_path / "clean"))
+    # rank 0 fails at the end of pass 4 before checkpointing it, having damaged pass 3's checkpoint
+    hurt = run_train(spark, _cfg(*base, "train.inject.fail_shard=0", "train.inject.fail_pass=4",
+                                 f"train.inject.corrupt_checkpoint={damage}"), str(data / "tr"), str(tmp_path / "hurt"))
+    assert [a["outcome"] for a in hurt["attempts"]] == ["failed", "succeeded"]
+    assert {r["resumed_from_pass"] for r in hurt["per_rank"]} == {2}
+    assert hurt["objective"] == pytest.approx(clean["objective"], rel=1e-12)
+    assert len(hurt["history"]) == len(clean["history"])
+    assert not (tmp_path / "hurt.checkpoint").exists()
+
+
+def test_no_usable_checkpoint_fails_at_once_with_a_checkpoint_error(spark, data, tmp_path):
+    cfg = _cfg("train.workers=2", "train.passes=4", "train.checkpoint_interval_s=0", "train.inject.fail_shard=0",
+               "train.inject.fail_pass=2", "train.inject.corrupt_checkpoint=flip", "spark.master=local[2]")
+    with pytest.raises(TrainError, match=r"CheckpointError: no usable checkpoint to resume from: checkpoint \S+pass-000001\.a00\.npz"):
+        run_train(spark, cfg, str(data / "tr"), str(tmp_path / "m"))
+    assert not (tmp_path / "m").exists()
+
+
 def test_divergence_stops_with_a_clear_error_and_no_model(spark, data, tmp_path):
     cfg = _cfg("train.solver=online", "train.loss=squared", "train.invariant=false", "train.learning_rate=1e6",
                "train.workers=2", "spark.master=local[2]")
@@ -141,6 +164,21 @@ def test_cocoa_through_the_job_and_resume_from_per_rank_checkpoints(spark, data,
     assert redeal["objective"] == pytest.approx(one["objective"], rel=1e-6)
     r = evaluate(spark, str(data / "te"), str(tmp_path / "c2"))
     assert 0.3 < r["logloss"] < 0.7
+
+
+def test_ranks_holding_different_checkpoints_agree_on_one_resume_pass(spark, data, tmp_path):
+    base = ["train.solver=cocoa", "train.l2=1e-2", "train.passes=8", "train.tol=0", "train.workers=2",
+            "train.checkpoint_interval_s=0", "spark.master=local[2]"]
+    clean = run_train(spark, _cfg(*base), str(data / "tr"), str(tmp_path / "clean"))
+    # per-rank checkpoints: both ranks hold passes 2 and 3; shard 1 fails at pass 4 after
+    # flipping a byte of its pass-3 checkpoint, so rank 0 starts the next attempt from pass 3,
+    # rank 1 from pass 2; the first collective finds it out and both restart from pass 2
+    hurt = run_train(spark, _cfg(*base, "train.inject.fail_shard=1", "train.inject.fail_pass=4",
+                                 "train.inject.corrupt_checkpoint=flip"), str(data / "tr"), str(tmp_path / "hurt"))
+    assert [a["outcome"] for a in hurt["attempts"]] == ["failed", "succeeded"]
+    assert [(r["rank"], r["resumed_from_pass"]) for r in hurt["per_rank"]] == [(0, 2), (1, 2)]
+    assert hurt["objective"] == pytest.approx(clean["objective"], rel=1e-12)
+    assert [h["pass"] for h in hurt["history"]] == [h["pass"] for h in clean["history"]]
 
 
 def test_cocoa_device_auto_falls_back_and_gpu_fails_clearly_without_a_gpu(spark, data, tmp_path):

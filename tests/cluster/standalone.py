@@ -37,8 +37,9 @@ class StandaloneCluster:
     """``with StandaloneCluster(dir, workers=2) as c: c.submit(...)``; stops everything on exit."""
 
     def __init__(self, workdir: Path, workers: int = 2, cores: int = 1, memory: str = "2G",
-                 start_timeout_s: float = 120.0) -> None:
+                 start_timeout_s: float = 120.0, hosts: tuple[str, ...] = ("127.0.0.1",)) -> None:
         self.dir = Path(workdir)
+        self.hosts = hosts  # worker i binds hosts[i % len(hosts)] (loopback addresses only)
         self.n_workers, self.cores, self.memory = workers, cores, memory
         self.start_timeout_s = start_timeout_s
         self.procs: list[subprocess.Popen] = []
@@ -70,9 +71,11 @@ class StandaloneCluster:
             for i in range(self.n_workers):
                 wdir = self.dir / f"worker{i}"
                 wdir.mkdir(exist_ok=True)
+                host = self.hosts[i % len(self.hosts)]
                 self._spawn(f"worker{i}", "org.apache.spark.deploy.worker.Worker", self.master_url,
-                            "--host", "127.0.0.1", "--cores", str(self.cores), "--memory", self.memory,
-                            "--webui-port", str(free_port()), "--work-dir", str(wdir))
+                            "--host", host, "--cores", str(self.cores), "--memory", self.memory,
+                            "--webui-port", str(free_port()), "--work-dir", str(wdir),
+                            extra_env={"SPARK_LOCAL_IP": host})
             self._wait_workers()
         except BaseException:
             self.stop()
@@ -103,7 +106,7 @@ class StandaloneCluster:
 
     def executor_pids(self) -> list[int]:
         """PIDs of the executor JVMs this cluster's workers run (CoarseGrainedExecutorBackend)."""
-        worker_urls = {f"spark://Worker@127.0.0.1:{w['port']}" for w in self.state()["workers"]}
+        worker_urls = {f"spark://Worker@{w['host']}:{w['port']}" for w in self.state()["workers"]}
         pids = []
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit():
