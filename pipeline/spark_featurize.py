@@ -25,6 +25,7 @@ from pipeline.blocks import Piece, align_range
 from pipeline.featurize_task import MalformedInput, TaskOptions, run_task
 from pipeline.manifest import MANIFEST, QUARANTINE_DIR, build_manifest, merge_inputs
 from pipeline.plan import assign, output_files, plan_ranges
+from pipeline.redact import redact_text
 from pipeline.spec import FeatureSpec
 
 log = logging.getLogger("terascale.featurize")
@@ -106,7 +107,7 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
             o = replace(opts, inject_fail=(i == fail_task and tag.startswith("a0-")))
             yield run_task(i, [Piece.from_json(p) for p in pieces_json], spec, o, attempt_dir)
 
-    sc.setJobDescription(f"terascale featurize: {len(files)} files -> {out}")
+    sc.setJobDescription(redact_text(f"terascale featurize: {len(files)} files -> {out}"))
     try:
         results = sc.parallelize(payload, len(payload)).mapPartitionsWithIndex(task_fn).collect()
     except Exception as e:  # noqa: BLE001 - Spark wraps task errors in Py4J/Spark exceptions
