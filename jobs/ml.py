@@ -45,7 +45,7 @@ from jobs.ml_params import SchemaParams
 from jobs.train_job import run_train
 from pipeline import fsutil, modeldir
 from pipeline.manifest import read_manifest
-from pipeline.redact import redact
+from pipeline.redact import redact, redact_text
 
 log = logging.getLogger("terascale.ml")
 PARAMS_DIR = "metadata"  # pyspark's params metadata inside a model directory (Pipeline persistence)
@@ -117,10 +117,10 @@ class TerascaleClassifier(Estimator, SchemaParams, _OutputParams, DefaultParamsR
         src = source_dataset(dataset)
         spec = dataframe_spec(src, spec_json)
         if plain_cols and src is not None and is_plain_read(spark, dataset, *src):
-            log.info("fit: the DataFrame is the dataset %s; training on it in place", src[0])
+            log.info("fit: the DataFrame is the dataset %s; training on it in place", redact_text(src[0]))
             return src[0]
         out = fsutil.join(scratch(), "data")
-        log.info("fit: writing the DataFrame as a featurized dataset to %s", out)
+        log.info("fit: writing the DataFrame as a featurized dataset to %s", redact_text(out))
         m = write_dataset(spark, dataset, out, spec, self.getOrDefault(self.labelCol),
                           self.getOrDefault(self.weightCol), "snappy")
         if not m["rows"]:

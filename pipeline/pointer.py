@@ -82,15 +82,20 @@ def check_complete(model_dir: str) -> dict:
     return meta
 
 
+def _refuse_credentials(path: str) -> None:
+    """A pointer is read back to find the model: a redacted path would not resolve, and the real
+    one would store the credentials in a file every job reads."""
+    if redact_text(path) != path:
+        raise PointerError(f"refusing to publish {redact_text(path)}: the path carries credentials; give them "
+                           "through the filesystem's configuration (spark.hadoop.fs.s3a.*, the environment) "
+                           "and publish the path without them")
+
+
 def publish(model_dir: str, pointer: str, metrics: dict | None = None) -> dict:
     """Point ``pointer`` at the complete model ``model_dir`` (atomically); returns the new pointer."""
+    _refuse_credentials(model_dir)
     model = fsutil.normalize(resolve_model(model_dir))
-    if redact_text(model) != model:
-        # a pointer is read back to find the model: a redacted path would not resolve, and the
-        # real one would store the credentials in a file every job reads
-        raise PointerError(f"refusing to publish {redact_text(model)}: the path carries credentials; "
-                           "give them through the filesystem's configuration (e.g. spark.hadoop.fs.s3a.*, "
-                           "or the environment) and publish the path without them")
+    _refuse_credentials(model)
     try:
         check_complete(model)
     except modeldir.ModelError as e:

@@ -35,6 +35,12 @@ SECRET_KEYS = [
     "spark.hadoop.fs.gs.auth.refresh.token",
     "spark.hadoop.fs.gs.encryption.key",
     "spark.hadoop.hadoop.http.authentication.signature.secret",
+    "spark.hadoop.fs.s3a.proxy.password",
+    "spark.hadoop.hadoop.security.group.mapping.ldap.bind.password",
+    "spark.hadoop.ssl.client.truststore.password",
+    "spark.hadoop.fs.cosn.userinfo.secretKey",
+    "spark.hadoop.fs.oss.accessKeySecret",
+    "spark.hadoop.fs.swift.service.rack.apikey",
     "spark.ssl.keyStorePassword",
     "spark.ssl.keyPassword",
     "spark.authenticate.secret",
@@ -70,6 +76,8 @@ PLAIN_KEYS = [
     "spark.ssl.keyStore",
     "spark.kerberos.keytab",
     "spark.executor.memory",
+    "spark.hadoop.fs.s3a.proxy.username",
+    "spark.hadoop.hadoop.security.group.mapping.ldap.bind.password.file",
     "train.checkpoint_dir",
     "allreduce.handshake_timeout_s",
 ]
@@ -180,3 +188,24 @@ def test_config_rendering_and_errors_hide_secrets(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config([], ["spark.conf=[S3CR3T]"])
     assert "S3CR3T" not in str(e.value)
+
+
+def test_publish_refuses_a_model_path_with_credentials(tmp_path):
+    """A pointer must resolve and must not store credentials: refused before any filesystem is
+    touched (no connection to the URI's host is attempted)."""
+    from pipeline.pointer import PointerError, publish
+
+    pointer = tmp_path / "current"
+    with pytest.raises(PointerError) as e:
+        publish("s3a://AKIAX:S3CR3T@bucket/models/m1", str(pointer))
+    assert str(e.value).startswith("refusing to publish s3a://***@bucket/models/m1: the path carries credentials")
+    assert "S3CR3T" not in str(e.value) and not pointer.exists()
+
+
+def test_json_files_are_written_redacted(tmp_path):
+    from pipeline import fsutil
+
+    path = str(tmp_path / "m.json")
+    fsutil.write_json_atomic(path, {"dataset": "s3a://AK:SK@b/d", "conf": {"fs.s3a.secret.key": "SK"}, "rows": 3})
+    assert json.loads((tmp_path / "m.json").read_text()) == {
+        "dataset": "s3a://***@b/d", "conf": {"fs.s3a.secret.key": SECRET}, "rows": 3}
