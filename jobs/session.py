@@ -13,7 +13,8 @@ the optimisation job reached Spark MLlib's objective in a fresh application at 2
 1.3-1.5 s instead of 2.1-2.3 s.
 
 Redaction: every session terascale starts or joins extends ``spark.redaction.regex`` (Spark's
-default, or the submitter's value) with terascale's rule (``pipeline.redact``), so Spark's UI,
+default, or the submitter's value) with terascale's rule, and ``spark.redaction.string.regex``
+with URI user-info (``pipeline.redact.spark_redaction_settings``), so Spark's UI,
 event logs and configuration dumps hide the same keys terascale's own logs and files do (Spark's
 default misses e.g. ``fs.azure.account.key.*``, which ``spark.logConf`` would print at INFO). The
 real values still reach Spark, but never on the command line of the JVM terascale launches
@@ -26,10 +27,9 @@ import logging
 import os
 import sys
 
-from pipeline.redact import shown, spark_redaction_regex
+from pipeline.redact import shown, spark_redaction_settings
 
 log = logging.getLogger("terascale")
-REDACTION_KEY = "spark.redaction.regex"
 
 #: Environment of the executors' Python workers (see the module docstring).
 EXECUTOR_ENV = {"spark.executorEnv.NUMPY_MADVISE_HUGEPAGE": "0"}
@@ -98,7 +98,7 @@ def local_settings(sconf) -> dict:
     extra.setdefault("spark.sql.execution.arrow.pyspark.enabled", "true")
     for k, v in EXECUTOR_ENV.items():
         extra.setdefault(k, v)
-    extra[REDACTION_KEY] = spark_redaction_regex(extra.get(REDACTION_KEY))
+    extra.update(spark_redaction_settings(extra.get))
     return extra
 
 
@@ -114,6 +114,6 @@ def _executor_defaults() -> dict[str, str]:
     submitted = SparkConf()
     wanted = {"spark.executorEnv.NUMBA_CACHE_LOCATOR_CLASSES": LOCATORS, **EXECUTOR_ENV}
     out = {k: v for k, v in wanted.items() if not submitted.contains(k)}
-    out[REDACTION_KEY] = spark_redaction_regex(submitted.get(REDACTION_KEY, None))
+    out.update(spark_redaction_settings(lambda k: submitted.get(k, None)))
     return out
 

@@ -74,6 +74,9 @@ _QUERY_PARAM = re.compile(r"([?&;])([^=&;#]+)=([^&;#]*)")
 SPARK_REDACTION_REGEX = (r"(?i)secret|passw(or)?d|passphrase|token|credential|signature|(?<![a-z])(pwd|sig)(?![a-z])|"
                          r"[._-]sas[._-]|(access|secret|private|account|api|encryption|session|client|signing|"
                          r"storage|shared|master|provided|customer)[._-]?keys?(?![a-z])|://[^\s@]+@")
+#: Java regex for ``spark.redaction.string.regex``: the user-info of a URI in strings Spark
+#: produces (query plans name the paths they read); unset by default in Spark.
+SPARK_STRING_REDACTION_REGEX = r"(?<=://)[^\s@]+(?=@)"
 #: Spark's own default ``spark.redaction.regex`` (Spark 4)
 SPARK_DEFAULT_REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|credential"
 
@@ -143,13 +146,25 @@ def shown(key: str, value: Any) -> Any:
     return SECRET if is_secret_key(key) else redact(value, key)
 
 
+def _union(current: str | None, ours: str) -> str:
+    if not current or current == ours:
+        return ours
+    return current if f"(?:{ours})" in current else f"(?:{current})|(?:{ours})"
+
+
 def spark_redaction_regex(current: str | None) -> str:
     """``spark.redaction.regex`` for a terascale session: the current value (Spark's default when
     unset) or terascale's rule, so that a setting the user made is kept and extended."""
-    base = current or SPARK_DEFAULT_REDACTION_REGEX
-    if SPARK_REDACTION_REGEX in base:
-        return base
-    return f"(?:{base})|(?:{SPARK_REDACTION_REGEX})"
+    return _union(current or SPARK_DEFAULT_REDACTION_REGEX, SPARK_REDACTION_REGEX)
+
+
+def spark_redaction_settings(get) -> dict[str, str]:
+    """The redaction settings of a terascale session, each extending its current value
+    (``get(key)``: the value set so far, or None): ``spark.redaction.regex`` (keys and values
+    of the configuration) and ``spark.redaction.string.regex`` (:data:`SPARK_STRING_REDACTION_REGEX`,
+    parts of strings Spark produces, such as the paths in a query plan)."""
+    return {"spark.redaction.regex": spark_redaction_regex(get("spark.redaction.regex")),
+            "spark.redaction.string.regex": _union(get("spark.redaction.string.regex"), SPARK_STRING_REDACTION_REGEX)}
 
 
 class RedactingFormatter(logging.Formatter):

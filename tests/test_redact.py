@@ -164,6 +164,20 @@ def test_spark_regex_covers_the_rule_and_extends_the_current_value():
         assert not rx.search(k), k
 
 
+def test_spark_settings_extend_what_the_session_has():
+    from pipeline.redact import SPARK_STRING_REDACTION_REGEX, spark_redaction_settings
+
+    assert spark_redaction_settings({}.get) == {"spark.redaction.regex": spark_redaction_regex(None),
+                                                "spark.redaction.string.regex": SPARK_STRING_REDACTION_REGEX}
+    mine = {"spark.redaction.regex": "(?i)mine", "spark.redaction.string.regex": "corp-[0-9]+"}
+    got = spark_redaction_settings(mine.get)
+    assert got["spark.redaction.string.regex"] == f"(?:corp-[0-9]+)|(?:{SPARK_STRING_REDACTION_REGEX})"
+    assert spark_redaction_settings(got.get) == got  # idempotent
+    plan = "FileScan parquet [label] Location: InMemoryFileIndex[s3a://AK:wJ/x+y@bucket/d, s3a://bucket/e]"
+    assert re.sub(SPARK_STRING_REDACTION_REGEX, "*", plan) == (
+        "FileScan parquet [label] Location: InMemoryFileIndex[s3a://*@bucket/d, s3a://bucket/e]")
+
+
 def test_config_rendering_and_errors_hide_secrets(tmp_path):
     from jobs.config import ConfigError, load_config, render_yaml, to_dict
 
