@@ -47,6 +47,7 @@ SECRET_KEYS = [
     "spark.executorEnv.AWS_SECRET_ACCESS_KEY",
     "spark.executorEnv.AWS_ACCESS_KEY_ID",
     "spark.yarn.appMasterEnv.GITHUB_TOKEN",
+    "spark.executorEnv.HADOOP_CREDSTORE_PASSWORD",  # the keystore behind credential.provider.path
     "service.apikey",
     "service.api_key",
     "service.apiKey",
