@@ -15,6 +15,7 @@ import sys
 import time
 
 from jobs.config import ConfigError, load_config, render_yaml
+from pipeline.redact import RedactingFormatter, redact_text
 
 log = logging.getLogger("terascale")
 
@@ -29,7 +30,7 @@ def _setup_logging(verbose: bool) -> None:
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     if not any(getattr(h, "_terascale", False) for h in root.handlers):
         h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        h.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         h._terascale = True  # type: ignore[attr-defined]
         root.addHandler(h)
     root.propagate = False
@@ -41,9 +42,14 @@ def _add_conf_args(p: argparse.ArgumentParser) -> None:
                    help="override one parameter, e.g. --set featurize.bits=22 (repeatable)")
 
 
+def _say(msg: str) -> None:
+    """A line on stdout, paths' credentials redacted (``pipeline.redact``)."""
+    print(redact_text(msg))
+
+
 def _resolve(args) -> object:
     cfg = load_config(args.conf, args.sets)
-    log.info("resolved configuration:\n%s", render_yaml(cfg, with_help=False).rstrip())
+    log.info("resolved configuration (secrets shown as ***):\n%s", render_yaml(cfg, with_help=False).rstrip())
     return cfg
 
 
@@ -70,7 +76,7 @@ def cmd_generate(args) -> int:
         args.out, args.rows, files=args.files, seed=args.seed, malformed_rate=args.malformed_rate,
         with_prob=args.with_prob, compress="gzip" if args.gzip else None,
     )
-    print(json.dumps(summary, indent=2, default=str))
+    _say(json.dumps(summary, indent=2, default=str))
     return 0
 
 
@@ -104,7 +110,7 @@ def featurize_summary(m: dict) -> str:
 def cmd_featurize(args) -> int:
     cfg = _resolve(args)
     m = featurize(cfg, args.input, args.output)
-    print(f"featurized {len(m['inputs'])} input files -> {args.output}")
+    _say(f"featurized {len(m['inputs'])} input files -> {args.output}")
     print(featurize_summary(m))
     return 0
 
@@ -134,7 +140,7 @@ def cmd_train(args) -> int:
     cfg = _warm_start(_resolve(args), args.init_model_if_exists)
     _refuse_served_model(args.model, cfg.train.init_model)
     meta = train(cfg, args.input, args.model)
-    print(f"trained {args.model}")
+    _say(f"trained {args.model}")
     print(train_summary(meta))
     return 0
 
@@ -161,13 +167,13 @@ def cmd_evaluate(args) -> int:
     cfg = _resolve(args)
     args.model = _model_path(args.model)
     r = evaluate(cfg, args.input, args.model)
-    print(f"evaluated {args.model} on {args.input}")
+    _say(f"evaluated {args.model} on {args.input}")
     print(metrics_summary(r))
     if args.out:
         from pipeline.fsutil import write_json_atomic
 
         write_json_atomic(args.out, r)
-        print(f"metrics written to {args.out}")
+        _say(f"metrics written to {args.out}")
     return 0
 
 
@@ -178,7 +184,7 @@ def cmd_predict(args) -> int:
     cfg = _resolve(args)
     args.model = _model_path(args.model)
     m = predict(get_spark(cfg.spark), args.input, args.model, args.output, tuple(cfg.predict.keep_columns))
-    print(f"wrote {m['rows']:,} predictions ({m['column']}) in {len(m['files'])} files -> {args.output}")
+    _say(f"wrote {m['rows']:,} predictions ({m['column']}) in {len(m['files'])} files -> {args.output}")
     return 0
 
 
@@ -186,7 +192,7 @@ def cmd_report(args) -> int:
     from jobs.report import build_report
 
     path = build_report(args.model, args.eval, args.out)
-    print(f"report written to {path}")
+    _say(f"report written to {path}")
     return 0
 
 
@@ -233,7 +239,7 @@ def _warm_start(cfg, optional: str | None):
             raise UsageError("give either --init-model-if-exists or train.init_model, not both")
         if not fsutil.exists(optional):
             log.warning("no model at %s (nothing published yet?): training from scratch", optional)
-            print(f"no model at {optional}: training from scratch")
+            _say(f"no model at {optional}: training from scratch")
             return cfg
         path = optional
     if not path:
@@ -258,7 +264,7 @@ def cmd_gate(args) -> int:
 
     if not (math.isfinite(args.max_regression) and args.max_regression >= 0):
         raise UsageError(f"--max-regression {args.max_regression}: must be a finite number >= 0")
-    print(run_gate(args.metrics, args.baseline, args.metric, args.max_regression, args.margin))
+    _say(run_gate(args.metrics, args.baseline, args.metric, args.max_regression, args.margin))
     return 0
 
 
@@ -271,7 +277,7 @@ def cmd_publish(args) -> int:
         metrics = read_json(args.metrics, "metrics")
         metric_value(metrics, "logloss", f"metrics {args.metrics}")
     p = publish(args.model, args.pointer, metrics)
-    print(f"published {p['model']} -> {args.pointer} (previous: {p['previous'] or 'none'})")
+    _say(f"published {p['model']} -> {args.pointer} (previous: {p['previous'] or 'none'})")
     return 0
 
 
@@ -366,14 +372,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = args.fn(args)
     except (ConfigError, UsageError) as e:
-        print(f"terascale {args.command}: error: {e}", file=sys.stderr)
+        print(redact_text(f"terascale {args.command}: error: {e}"), file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - the CLI reports every failure as one clear line
         from pipeline.fsutil import InputError
 
         log.debug("failure", exc_info=True)
         kind = "input error" if isinstance(e, InputError) else "failed"
-        print(f"terascale {args.command}: {kind}: {e}", file=sys.stderr)
+        print(redact_text(f"terascale {args.command}: {kind}: {e}"), file=sys.stderr)
         return 1
     log.info("%s finished in %.1f s", args.command, time.perf_counter() - t0)
     return rc

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from pipeline.redact import redact, shown
 from solvers.params import SolverParams
 
 CRITEO_INT_FIELDS = tuple(f"I{k}" for k in range(1, 14))
@@ -308,7 +309,7 @@ def all_keys() -> list[str]:
 def _coerce(key: str, typ: Any, value: Any, raw: bool) -> Any:
     """Convert ``value`` (from YAML, or a raw --set string when ``raw``) to the field type."""
     def bad(what: str) -> ConfigError:
-        return ConfigError(f"{key} = {value!r}: must be {what}")
+        return ConfigError(f"{key} = {shown(key, value)!r}: must be {what}")
 
     if typ is str:
         if raw:
@@ -350,7 +351,7 @@ def _coerce(key: str, typ: Any, value: Any, raw: bool) -> Any:
             try:
                 value = yaml.safe_load(value)
             except yaml.YAMLError as e:
-                raise bad(f"a YAML list or mapping ({e})") from None
+                raise ConfigError(f"{key}: must be a YAML list or mapping ({_yaml_problem(e)})") from None
         if value is None:
             return ()
         if isinstance(value, (list, tuple, dict)):
@@ -362,7 +363,7 @@ def _coerce(key: str, typ: Any, value: Any, raw: bool) -> Any:
 def _check(key: str, f: dataclasses.Field, value: Any) -> None:
     c = f.metadata.get("constraint")
     if c is not None and not c.ok(value):
-        raise ConfigError(f"{key} = {value!r}: must be {c.describe()}")
+        raise ConfigError(f"{key} = {shown(key, value)!r}: must be {c.describe()}")
 
 
 def _cross_checks(cfg: Config) -> None:
@@ -379,7 +380,9 @@ def _cross_checks(cfg: Config) -> None:
                 )
     for kv in cfg.spark.conf:
         if not (isinstance(kv, tuple) and len(kv) == 2):
-            raise ConfigError(f"spark.conf = {cfg.spark.conf!r}: must be a mapping of setting -> value")
+            # the value is not shown: a malformed mapping cannot be redacted key by key
+            raise ConfigError("spark.conf: must be a mapping of setting -> value, not a list "
+                              "(YAML: spark: {conf: {spark.executor.memory: 4g}})")
     t = cfg.train
     if t.solver == "cocoa" and t.formulation == "primal" and t.loss != "squared":
         raise ConfigError(f"train.formulation = 'primal': needs train.loss = 'squared' (got {t.loss!r}); "
@@ -469,6 +472,14 @@ def feature_spec(cfg: Config):
     )
 
 
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error without PyYAML's snippet of the offending line (it may hold a secret)."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or type(e).__name__
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}"
+
+
 def load_config(conf_files: list[str | Path] = (), sets: list[str] = ()) -> Config:
     """Resolve defaults <- conf files <- --set overrides, then validate. Raises ConfigError."""
     values: dict[str, Any] = {}
@@ -481,7 +492,7 @@ def load_config(conf_files: list[str | Path] = (), sets: list[str] = ()) -> Conf
         try:
             doc = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise ConfigError(f"--conf {path}: not valid YAML ({e})") from None
+            raise ConfigError(f"--conf {path}: not valid YAML ({_yaml_problem(e)})") from None
         for key, v in _flatten(doc or {}, str(path)).items():
             typ, f = _owner_field(key)
             values[key] = _coerce(key, typ, v, raw=False)
@@ -513,13 +524,18 @@ def _plain(v: Any) -> Any:
 
 
 def to_dict(obj: Any = None) -> dict[str, Any]:
-    """The configuration as plain nested dicts/lists (JSON- and YAML-ready)."""
-    obj = Config() if obj is None else obj
+    """The configuration (or one section) as plain nested dicts/lists (JSON- and YAML-ready),
+    redacted: secrets are ``***`` (``pipeline.redact``). For showing and storing; Spark gets
+    the real values from the ``Config`` itself (``jobs.session``)."""
+    return redact(_plain_dict(Config() if obj is None else obj))
+
+
+def _plain_dict(obj: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
         if _is_section(f):
-            out[f.name] = to_dict(v)
+            out[f.name] = _plain_dict(v)
         elif f.name == "conf" and isinstance(obj, SparkConf):
             out[f.name] = {k: x for k, x in v}
         else:
@@ -528,7 +544,8 @@ def to_dict(obj: Any = None) -> dict[str, Any]:
 
 
 def render_yaml(cfg: Config | None = None, with_help: bool = True) -> str:
-    """YAML of the configuration; with help text as comments (this is conf/defaults.yaml)."""
+    """YAML of the configuration, redacted (``to_dict``); with help text as comments (this is
+    conf/defaults.yaml)."""
     cfg = Config() if cfg is None else cfg
     lines: list[str] = []
     if with_help:
@@ -537,7 +554,7 @@ def render_yaml(cfg: Config | None = None, with_help: bool = True) -> str:
             "# from jobs/config.py (the one schema); a test keeps this file equal to it.",
         ]
 
-    def emit(obj: Any, indent: int) -> None:
+    def emit(obj: Any, shown: dict[str, Any], indent: int) -> None:
         pad = "  " * indent
         for f in dataclasses.fields(obj):
             v = getattr(obj, f.name)
@@ -545,17 +562,17 @@ def render_yaml(cfg: Config | None = None, with_help: bool = True) -> str:
                 if with_help:
                     lines.append(f"{pad}# {f.metadata['help']}")
                 lines.append(f"{pad}{f.name}:")
-                emit(v, indent + 1)
+                emit(v, shown[f.name], indent + 1)
                 continue
             if with_help:
                 c = f.metadata.get("constraint")
                 allowed = f" [{c.describe()}]" if c is not None else ""
                 lines.append(f"{pad}# {f.metadata['help']}{allowed}")
-            plain = to_dict(obj)[f.name]
+            plain = shown[f.name]
             dumped = yaml.safe_dump({f.name: plain}, default_flow_style=True, width=10**6, sort_keys=False).strip()
             if dumped.startswith("{") and dumped.endswith("}"):
                 dumped = dumped[1:-1]
             lines.append(f"{pad}{dumped}")
 
-    emit(cfg, 0)
+    emit(cfg, to_dict(cfg), 0)
     return "\n".join(lines) + "\n"

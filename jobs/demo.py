@@ -7,7 +7,6 @@ evaluate on the test set. Everything lands under ``--workdir`` (default demo-out
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -25,6 +24,7 @@ def run_demo(workdir: str, rows: int) -> int:
         train,
         train_summary,
     )
+    from pipeline import fsutil
     from pipeline.generate import generate_clicklogs
 
     workdir = os.path.abspath(workdir)
@@ -59,8 +59,7 @@ def run_demo(workdir: str, rows: int) -> int:
     print(metrics_summary(r))
     print(f"  Bayes-optimal       {gt['bayes_logloss']:.6f} (the generator's true probabilities)")
     metrics_path = os.path.join(workdir, "metrics.json")
-    with open(metrics_path, "w") as f:
-        json.dump(r, f, indent=2)
+    fsutil.write_json_atomic(metrics_path, r)
     from jobs.report import build_report
 
     report = build_report(model, metrics_path)

@@ -45,6 +45,7 @@ from jobs.ml_params import SchemaParams
 from jobs.train_job import run_train
 from pipeline import fsutil, modeldir
 from pipeline.manifest import read_manifest
+from pipeline.redact import redact, redact_text
 
 log = logging.getLogger("terascale.ml")
 PARAMS_DIR = "metadata"  # pyspark's params metadata inside a model directory (Pipeline persistence)
@@ -116,10 +117,10 @@ class TerascaleClassifier(Estimator, SchemaParams, _OutputParams, DefaultParamsR
         src = source_dataset(dataset)
         spec = dataframe_spec(src, spec_json)
         if plain_cols and src is not None and is_plain_read(spark, dataset, *src):
-            log.info("fit: the DataFrame is the dataset %s; training on it in place", src[0])
+            log.info("fit: the DataFrame is the dataset %s; training on it in place", redact_text(src[0]))
             return src[0]
         out = fsutil.join(scratch(), "data")
-        log.info("fit: writing the DataFrame as a featurized dataset to %s", out)
+        log.info("fit: writing the DataFrame as a featurized dataset to %s", redact_text(out))
         m = write_dataset(spark, dataset, out, spec, self.getOrDefault(self.labelCol),
                           self.getOrDefault(self.weightCol), "snappy")
         if not m["rows"]:
@@ -234,9 +235,10 @@ class TerascaleModel(Model, _OutputParams, MLReadable, MLWritable):
         def plain(m):
             return {p.name: v for p, v in m.items()}
 
-        return json.dumps({"class": f"{type(self).__module__}.{type(self).__name__}", "timestamp": int(time.time() * 1000),
-                           "sparkVersion": pyspark.__version__, "uid": self.uid, "paramMap": plain(self._paramMap),
-                           "defaultParamMap": plain(self._defaultParamMap)})
+        return json.dumps(redact({"class": f"{type(self).__module__}.{type(self).__name__}",
+                                  "timestamp": int(time.time() * 1000), "sparkVersion": pyspark.__version__,
+                                  "uid": self.uid, "paramMap": plain(self._paramMap),
+                                  "defaultParamMap": plain(self._defaultParamMap)}))
 
     def save_dir(self, path: str) -> None:
         """Write the model directory ``path`` atomically (an existing one is replaced)."""

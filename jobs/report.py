@@ -24,6 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from pipeline import modeldir  # noqa: E402
+from pipeline.redact import redact  # noqa: E402
 
 PLOTS = ("objective_by_pass", "objective_by_time", "rank_timings", "roc", "precision_recall", "calibration")
 
@@ -108,11 +109,11 @@ def _calibration_plot(c: dict, ratio: float) -> bytes:
 
 def build_report(model_dir: str, eval_json: str | None = None, out_dir: str | None = None) -> str:
     """Write the report; returns the path of report.html."""
-    meta = modeldir.load_metadata(model_dir)
+    meta = redact(modeldir.load_metadata(model_dir))  # files written before redaction existed, too
     metrics = None
     if eval_json:
         with open(eval_json) as f:
-            metrics = json.load(f)
+            metrics = redact(json.load(f))
     out = out_dir or model_dir
     os.makedirs(out, exist_ok=True)
     h = meta["history"]

@@ -20,6 +20,7 @@ from pipeline import fsutil, modeldir
 from pipeline.dataset import ShardPart, plan_shards, read_csr
 from pipeline.manifest import MANIFEST, read_manifest
 from pipeline.pointer import resolve_model
+from pipeline.redact import redact_text
 
 log = logging.getLogger("terascale.scoring")
 _MODEL_CACHE: dict[str, tuple[np.ndarray, float, str]] = {}
@@ -83,7 +84,7 @@ def evaluate(spark, data_dir: str, model_dir: str) -> dict:
             yield acc.to_state()
 
     sc = spark.sparkContext
-    sc.setJobDescription(f"terascale evaluate: {data_dir}")
+    sc.setJobDescription(redact_text(f"terascale evaluate: {data_dir}"))
     try:
         states = sc.parallelize(groups, len(groups)).mapPartitionsWithIndex(task).collect()
     finally:
@@ -131,7 +132,7 @@ def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, 
             yield {"task": i, "path": path, "rows": csr.n_rows}
 
     sc = spark.sparkContext
-    sc.setJobDescription(f"terascale predict: {data_dir} -> {out}")
+    sc.setJobDescription(redact_text(f"terascale predict: {data_dir} -> {out}"))
     try:
         results = sc.parallelize(groups, len(groups)).mapPartitionsWithIndex(task).collect()
     except Exception:

@@ -113,7 +113,12 @@ def expand_inputs(patterns: list[str]) -> list[InputFile]:
 
 
 def write_json_atomic(path: str, obj: dict) -> None:
-    """Write JSON to a temporary sibling and rename it into place."""
+    """Write JSON to a temporary sibling and rename it into place. Every JSON file a job writes
+    goes through here and is stored redacted (``pipeline.redact``: secret keys and URI
+    credentials as ``***``)."""
+    from pipeline.redact import redact
+
+    obj = redact(obj)
     fs, inner = resolve(path)
     tmp = f"{inner}.tmp-{uuid.uuid4().hex}"
     with fs.open_output_stream(tmp) as out:

@@ -15,6 +15,7 @@ import numpy as np
 
 from pipeline import fsutil
 from pipeline.manifest import terascale_version
+from pipeline.redact import redact
 
 MODEL_FORMAT = 1
 WEIGHTS = "weights.npy"
@@ -47,10 +48,11 @@ def commit(staging: str, model_dir: str, metadata: dict) -> None:
     """Add metadata.json to a staging directory holding weights.npy, then rename it into place.
 
     An existing model at ``model_dir`` is replaced (moved aside first, removed after).
+    ``metadata`` is stored redacted (``pipeline.redact``).
     """
     if not np.isfinite(metadata.get("intercept", 0.0)):
         raise ModelError("refusing to write a model with a non-finite intercept")
-    meta = {"format_version": MODEL_FORMAT, "terascale_version": terascale_version(), **metadata}
+    meta = redact({"format_version": MODEL_FORMAT, "terascale_version": terascale_version(), **metadata})
     fs, inner = fsutil.resolve(fsutil.join(staging, METADATA))
     with fs.open_output_stream(inner) as out:
         out.write(json.dumps(meta, indent=2, default=_json_default).encode("utf-8") + b"\n")

@@ -8,7 +8,8 @@
 atomically: a reader sees the old pointer or the new one, never a partial file and never none. On
 S3 the rename is a single-object copy, so readers also see old or new. On HDFS pyarrow replaces an
 existing file by delete + rename: for milliseconds there is no pointer. Only a complete model
-directory is ever published. Wherever terascale takes a model path (evaluate, predict, train's
+directory is ever published, and never a path with credentials in it (``s3a://KEY:SECRET@bucket/``:
+refused, as the pointer must resolve and must not store them). Wherever terascale takes a model path (evaluate, predict, train's
 warm start) a pointer file is followed to the model it names.
 """
 
@@ -19,6 +20,7 @@ import datetime as dt
 import numpy as np
 
 from pipeline import fsutil, modeldir
+from pipeline.redact import redact_text
 
 POINTER_FORMAT = 1
 
@@ -80,9 +82,20 @@ def check_complete(model_dir: str) -> dict:
     return meta
 
 
+def _refuse_credentials(path: str) -> None:
+    """A pointer is read back to find the model: a redacted path would not resolve, and the real
+    one would store the credentials in a file every job reads."""
+    if redact_text(path) != path:
+        raise PointerError(f"refusing to publish {redact_text(path)}: the path carries credentials; give them "
+                           "through the filesystem's configuration (spark.hadoop.fs.s3a.*, the environment) "
+                           "and publish the path without them")
+
+
 def publish(model_dir: str, pointer: str, metrics: dict | None = None) -> dict:
     """Point ``pointer`` at the complete model ``model_dir`` (atomically); returns the new pointer."""
+    _refuse_credentials(model_dir)
     model = fsutil.normalize(resolve_model(model_dir))
+    _refuse_credentials(model)
     try:
         check_complete(model)
     except modeldir.ModelError as e:

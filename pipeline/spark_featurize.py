@@ -25,6 +25,7 @@ from pipeline.blocks import Piece, align_range
 from pipeline.featurize_task import MalformedInput, TaskOptions, run_task
 from pipeline.manifest import MANIFEST, QUARANTINE_DIR, build_manifest, merge_inputs
 from pipeline.plan import assign, output_files, plan_ranges
+from pipeline.redact import redact_text
 from pipeline.spec import FeatureSpec
 
 log = logging.getLogger("terascale.featurize")
@@ -110,7 +111,7 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
                 time.sleep(slow_s)  # chaos drill: a straggler whose output is complete
             yield result
 
-    sc.setJobDescription(f"terascale featurize: {len(files)} files -> {out}")
+    sc.setJobDescription(redact_text(f"terascale featurize: {len(files)} files -> {out}"))
     try:
         results = sc.parallelize(payload, len(payload)).mapPartitionsWithIndex(task_fn).collect()
     except Exception as e:  # noqa: BLE001 - Spark wraps task errors in Py4J/Spark exceptions
