@@ -130,9 +130,11 @@ def inspect(path: str) -> Found:
     elif MODEL_MARKER in names and isinstance(m := _read_json(fsutil.join(path, MODEL_MARKER)), dict) \
             and "format_version" in m:
         kind = MODEL
-    elif MANIFEST in names:
-        m = _read_json(fsutil.join(path, MANIFEST))
-        kind = PREDICTIONS if isinstance(m, dict) and m.get("kind") == PREDICTIONS else DATASET
+    elif MANIFEST in names and isinstance(m := _read_json(fsutil.join(path, MANIFEST)), dict):
+        if m.get("kind") == PREDICTIONS:
+            kind = PREDICTIONS
+        elif "format_version" in m:
+            kind = DATASET
     if kind is None:
         return Found("foreign", "", files)
     own = OWN[kind]
@@ -183,8 +185,9 @@ def _norm(path: str) -> str:
     return fsutil.normalize(path).rstrip("/")
 
 
-def check_apart(target: str, what: str, others: dict[str, str]) -> None:
-    """Refuse a target that equals, contains or lies inside one of ``others`` ({label: path})."""
+def check_apart(target: str, what: str, others: dict[str, str], inside: bool = True) -> None:
+    """Refuse a target that equals, contains or (``inside``) lies inside one of ``others``
+    ({label: path})."""
     t = _norm(target)
     for label, other in others.items():
         if not other:
@@ -192,7 +195,7 @@ def check_apart(target: str, what: str, others: dict[str, str]) -> None:
         o = _norm(other)
         if t == o:
             rel = "is"
-        elif t.startswith(o + "/"):
+        elif inside and t.startswith(o + "/"):
             rel = "is inside"
         elif o.startswith(t + "/"):
             rel = "contains"

@@ -91,7 +91,9 @@ def check_output(inputs: list[str], output: str, overwrite: bool) -> None:
     """Refuse, before any Spark work, an output that is not a new, empty or (with ``overwrite``)
     earlier dataset, or that overlaps an input."""
     for p in inputs:
-        artifacts.check_apart(output, "--output", {"the input": _glob_base(p)})
+        base = _glob_base(p)
+        # a glob lists only the files it matches: an output below its literal part is not read back
+        artifacts.check_apart(output, "--output", {"the input": base}, inside=base == fsutil.normalize(p))
     artifacts.check_target(output, artifacts.DATASET, overwrite, "--output", OVERWRITE_FLAG)
 
 
