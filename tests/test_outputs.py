@@ -96,6 +96,9 @@ def test_inspect_names_every_kind(tmp_path):
     (tmp_path / "p").mkdir()
     (tmp_path / "p" / "_manifest.json").write_text(json.dumps({"kind": "predictions"}))
     assert artifacts.inspect(str(tmp_path / "p")).kind == "predictions"
+    # a user's own _manifest.json / metadata.json (no terascale format marker) is no artifact
+    u = user_dir(tmp_path / "u2", ("_manifest.json", "metadata.json"))
+    assert artifacts.inspect(str(u)).kind == "foreign"
     # a model directory with the user's file in it
     (tmp_path / "m" / "notes.txt").write_text("mine")
     f = artifacts.inspect(str(tmp_path / "m"))
@@ -435,3 +438,16 @@ def test_config_keys_exist():
     cfg = load_config([], ["featurize.overwrite=true", "train.overwrite=true", "predict.overwrite=true"])
     assert (cfg.featurize.overwrite, cfg.train.overwrite, cfg.predict.overwrite) == (True, True, True)
     assert load_config().train.overwrite is False
+
+
+def test_demo_reruns_over_its_own_logs_only(tmp_path):
+    from jobs.demo import _remove_generated
+
+    gen = user_dir(tmp_path / "raw", ("part-00000.tsv", "part-00000.prob.npy", "_truth.json"))
+    _remove_generated(str(gen))
+    assert not gen.exists()
+    mine = user_dir(tmp_path / "raw2", ("part-00000.tsv", "clicks.csv"))
+    with pytest.raises(artifacts.OutputError, match=f"demo: {mine} holds files the demo did not generate "
+                                                    r"\(clicks.csv\)"):
+        _remove_generated(str(mine))
+    assert sorted(os.listdir(mine)) == ["clicks.csv", "part-00000.tsv"]
