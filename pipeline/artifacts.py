@@ -106,7 +106,9 @@ def _type(path: str) -> pafs.FileType:
 
 
 def inspect(path: str) -> Found:
-    """Classify what ``path`` holds (cheap: one recursive listing and at most two small reads)."""
+    """Classify what ``path`` holds: one listing of its top level and at most two small reads;
+    only a directory holding an artifact's marker is listed recursively (a foreign one may be
+    huge: its top-level entries are named, directories with a trailing /)."""
     path = fsutil.normalize(path)
     t = _type(path)
     if t == pafs.FileType.NotFound:
@@ -118,10 +120,11 @@ def inspect(path: str) -> Found:
         if isinstance(doc, dict) and {"logloss", "auroc"} <= doc.keys():
             return Found("metrics", "a terascale metrics file")
         return Found("file", "a file, not a directory")
-    files = _files(path)
-    if not files:
+    fs, inner = fsutil.resolve(path)
+    top = fs.get_file_info(pafs.FileSelector(inner))
+    if not top:
         return Found("empty")
-    names = set(files)
+    names = {posixpath.basename(i.path) for i in top if i.type == pafs.FileType.File}
     kind = None
     if PREDICTIONS_MARKER in names:
         kind = PREDICTIONS
@@ -136,9 +139,10 @@ def inspect(path: str) -> Found:
         elif "format_version" in m:
             kind = DATASET
     if kind is None:
-        return Found("foreign", "", files)
+        entries = sorted(posixpath.basename(i.path) + ("/" if i.type == pafs.FileType.Directory else "") for i in top)
+        return Found("foreign", "", entries)
     own = OWN[kind]
-    foreign = [f for f in files if not any(fnmatch.fnmatchcase(f, p) for p in own)]
+    foreign = [f for f in _files(path) if not any(fnmatch.fnmatchcase(f, p) for p in own)]
     marker = MANIFEST if kind == PREDICTIONS and PREDICTIONS_MARKER not in names else _MARKER_OF[kind]
     return Found(kind, f"{_LABEL[kind]} ({marker})", foreign)
 
@@ -148,7 +152,10 @@ def _list_names(names: list[str], limit: int = 5) -> str:
     return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
-def _plural(n: int) -> str:
+def _plural(names: list[str]) -> str:
+    n = len(names)
+    if any(x.endswith("/") for x in names):
+        return f"{n} entr{'ies' if n != 1 else 'y'}"
     return f"{n} file{'s' if n != 1 else ''}"
 
 
@@ -168,13 +175,13 @@ def check_target(path: str, kind: str, overwrite: bool, what: str, flag: str) ->
     if f.kind in ("pointer", "metrics", "file"):
         raise OutputError(f"{where}: exists and is {f.detail}; refusing to replace it")
     if f.kind == "foreign":
-        raise OutputError(f"{where}: holds {_plural(len(f.foreign))} that terascale did not write "
+        raise OutputError(f"{where}: holds {_plural(f.foreign)} that terascale did not write "
                           f"({_list_names(f.foreign)}); refusing to replace it: choose another path or empty it")
     if f.kind != kind:
         raise OutputError(f"{where}: exists and is {f.detail}, not {_LABEL[kind].replace('terascale ', '')}; "
                           "refusing to replace it")
     if f.foreign:
-        raise OutputError(f"{where}: is {f.detail} but also holds {_plural(len(f.foreign))} that terascale did "
+        raise OutputError(f"{where}: is {f.detail} but also holds {_plural(f.foreign)} that terascale did "
                           f"not write ({_list_names(f.foreign)}); refusing to replace it: move them away first")
     if not overwrite:
         raise OutputError(f"{where}: exists and is {f.detail}; pass {flag} to replace it")

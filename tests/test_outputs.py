@@ -124,6 +124,11 @@ def test_guard_refuses_and_names_what_it_found(tmp_path):
         artifacts.check_target(str(u), artifacts.DATASET, True, "--output", "--overwrite")
     with pytest.raises(artifacts.OutputError, match="pass --overwrite to replace it"):
         artifacts.check_target(d, artifacts.DATASET, False, "--output", "--overwrite")
+    # a foreign directory is named by its top level only (it may be huge: it is not walked)
+    user_dir(tmp_path / "home" / "logs" / "2026", ("a.tsv",))
+    (tmp_path / "home" / "notes.txt").write_text("x")
+    with pytest.raises(artifacts.OutputError, match=r"holds 2 entries that terascale did not write \(logs/, notes.txt\)"):
+        artifacts.check_target(str(tmp_path / "home"), artifacts.MODEL, True, "--model", "--overwrite")
     (tmp_path / "d" / "notes.txt").write_text("mine")
     with pytest.raises(artifacts.OutputError, match=r"also holds 1 file that terascale did not write \(notes.txt\)"):
         artifacts.check_target(d, artifacts.DATASET, True, "--output", "--overwrite")
