@@ -3,7 +3,9 @@
 Every job subcommand takes ``--conf FILE`` (repeatable, later files win) and repeatable
 ``--set section.key=value``; the configuration is validated before any Spark work starts and the
 resolved configuration is logged once. Exit codes: 0 success, 1 the job failed, 2 bad usage or
-configuration.
+configuration, including an output path the job refuses to write (``pipeline.artifacts``: it
+holds something else than the job's own artifact, or an earlier one without ``--overwrite``),
+checked before the Spark session starts.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 import time
 
 from jobs.config import ConfigError, load_config, render_yaml
+from pipeline.artifacts import OutputError
 from pipeline.redact import RedactingFormatter, redact_text
 
 log = logging.getLogger("terascale")
@@ -36,6 +39,12 @@ def _setup_logging(verbose: bool) -> None:
     root.propagate = False
 
 
+def _add_overwrite_arg(p: argparse.ArgumentParser, what: str, key: str | None) -> None:
+    conf = f" (or {key}: true in the configuration)" if key else ""
+    p.add_argument("--overwrite", action="store_true",
+                   help=f"replace {what} left by an earlier run, atomically{conf}; anything else there is always refused")
+
+
 def _add_conf_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conf", action="append", default=[], metavar="FILE", help="YAML configuration file (repeatable)")
     p.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
@@ -49,6 +58,11 @@ def _say(msg: str) -> None:
 
 def _resolve(args) -> object:
     cfg = load_config(args.conf, args.sets)
+    section = getattr(cfg, args.command, None)
+    if getattr(args, "overwrite", False) and hasattr(section, "overwrite"):
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, **{args.command: dataclasses.replace(section, overwrite=True)})
     log.info("resolved configuration (secrets shown as ***):\n%s", render_yaml(cfg, with_help=False).rstrip())
     return cfg
 
@@ -83,9 +97,10 @@ def cmd_generate(args) -> int:
 def featurize(cfg, inputs: list[str], output: str) -> dict:
     """Run the featurize job with a resolved configuration; returns the manifest."""
     from jobs.session import get_spark
-    from pipeline.spark_featurize import run_featurize
+    from pipeline.spark_featurize import check_output, run_featurize
 
     spec = _spec(cfg)
+    check_output(inputs, output, cfg.featurize.overwrite)  # before the session starts
     spark = get_spark(cfg.spark)
     return run_featurize(spark, inputs, output, spec, cfg.featurize)
 
@@ -117,8 +132,9 @@ def cmd_featurize(args) -> int:
 
 def train(cfg, data_dir: str, model_dir: str) -> dict:
     from jobs.session import get_spark
-    from jobs.train_job import run_train
+    from jobs.train_job import check_outputs, run_train
 
+    check_outputs(cfg, data_dir, model_dir)  # before the session starts
     return run_train(get_spark(cfg.spark), cfg, data_dir, model_dir)
 
 
@@ -166,24 +182,44 @@ def evaluate(cfg, data_dir: str, model_dir: str) -> dict:
 def cmd_evaluate(args) -> int:
     cfg = _resolve(args)
     args.model = _model_path(args.model)
+    if args.out:
+        _check_metrics_out(args.out, args.overwrite)
     r = evaluate(cfg, args.input, args.model)
     _say(f"evaluated {args.model} on {args.input}")
     print(metrics_summary(r))
     if args.out:
         from pipeline.fsutil import write_json_atomic
 
+        _check_metrics_out(args.out, args.overwrite)  # again: it may have changed meanwhile
         write_json_atomic(args.out, r)
         _say(f"metrics written to {args.out}")
     return 0
 
 
+def _check_metrics_out(path: str, overwrite: bool) -> None:
+    """evaluate --out: a new file, or (with --overwrite) a metrics file evaluate wrote before."""
+    from pipeline import artifacts
+
+    found = artifacts.inspect(path)
+    if found.kind == "missing":
+        return
+    if found.kind != "metrics":
+        what = {"file": "a file that evaluate did not write", "empty": "an empty directory",
+                "foreign": "a directory"}.get(found.kind, found.detail)
+        raise artifacts.OutputError(f"--out {path}: exists and is {what}, not a metrics file; refusing to replace it")
+    if not overwrite:
+        raise artifacts.OutputError(f"--out {path}: exists and is {found.detail}; pass --overwrite to replace it")
+
+
 def cmd_predict(args) -> int:
-    from jobs.scoring import predict
+    from jobs.scoring import check_output, predict
     from jobs.session import get_spark
 
     cfg = _resolve(args)
     args.model = _model_path(args.model)
-    m = predict(get_spark(cfg.spark), args.input, args.model, args.output, tuple(cfg.predict.keep_columns))
+    check_output(args.input, args.model, args.output, cfg.predict.overwrite)  # before the session starts
+    m = predict(get_spark(cfg.spark), args.input, args.model, args.output, tuple(cfg.predict.keep_columns),
+                overwrite=cfg.predict.overwrite)
     _say(f"wrote {m['rows']:,} predictions ({m['column']}) in {len(m['files'])} files -> {args.output}")
     return 0
 
@@ -303,13 +339,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser("featurize", help="parse and hash raw click logs into Parquet (on Spark)")
     f.add_argument("--input", nargs="+", required=True, metavar="PATH", help="files, directories or globs (local, hdfs://, s3://)")
-    f.add_argument("--output", required=True, metavar="DIR", help="dataset directory")
+    f.add_argument("--output", required=True, metavar="DIR", help="dataset directory (new, empty, or a dataset with --overwrite)")
+    _add_overwrite_arg(f, "a dataset", "featurize.overwrite")
     _add_conf_args(f)
     f.set_defaults(fn=cmd_featurize)
 
     t = sub.add_parser("train", help="train a model on a featurized dataset (Spark barrier stage)")
     t.add_argument("--input", required=True, metavar="DATA_DIR", help="featurized dataset")
-    t.add_argument("--model", required=True, metavar="MODEL_DIR", help="model directory to write")
+    t.add_argument("--model", required=True, metavar="MODEL_DIR", help="model directory to write (new, empty, or a model with --overwrite)")
+    _add_overwrite_arg(t, "a model", "train.overwrite")
     t.add_argument("--init-model-if-exists", metavar="PATH",
                    help="warm-start from this model directory or pointer if it exists; train from scratch if not (the first day)")
     _add_conf_args(t)
@@ -319,13 +357,15 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--input", required=True, metavar="DATA_DIR")
     e.add_argument("--model", required=True, metavar="MODEL_DIR")
     e.add_argument("--out", metavar="FILE", help="also write the metrics as JSON")
+    _add_overwrite_arg(e, "the metrics file of --out", None)
     _add_conf_args(e)
     e.set_defaults(fn=cmd_evaluate)
 
     pr = sub.add_parser("predict", help="score a featurized dataset into Parquet")
     pr.add_argument("--input", required=True, metavar="DATA_DIR")
     pr.add_argument("--model", required=True, metavar="MODEL_DIR")
-    pr.add_argument("--output", required=True, metavar="DIR")
+    pr.add_argument("--output", required=True, metavar="DIR", help="predictions directory (new, empty, or predictions with --overwrite)")
+    _add_overwrite_arg(pr, "predictions", "predict.overwrite")
     _add_conf_args(pr)
     pr.set_defaults(fn=cmd_predict)
 
@@ -371,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         rc = args.fn(args)
-    except (ConfigError, UsageError) as e:
+    except (ConfigError, UsageError, OutputError) as e:
         print(redact_text(f"terascale {args.command}: error: {e}"), file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - the CLI reports every failure as one clear line

@@ -160,6 +160,8 @@ class FeaturizeConf:
     )
     block_mb: int = param(16, "bytes read and parsed per batch inside a task", Interval(1, 1024, integer=True))
     compression: str = param("snappy", "Parquet compression codec", OneOf(("snappy", "zstd", "lz4", "none")))
+    overwrite: bool = param(False, "replace an existing dataset at the output (atomically); without it "
+                            "featurize refuses one (anything that is not a terascale dataset is always refused)")
     inject_fail_task: int = param(
         -1, "chaos drill: the first attempt of this task fails after writing part of its output (-1: off)",
         Interval(-1, None, integer=True),
@@ -228,7 +230,10 @@ class TrainConf:
     shuffle: bool = param(_SP.shuffle, "shuffle the rows of each online pass (off: stored order, like VW)")
     invariant: bool = param(_SP.invariant, "importance-invariant online updates")
     init_model: str = param("", "warm-start from this model directory (its feature spec must equal the data's)", Pattern(nonempty=False))
-    checkpoint_dir: str = param("", "per-pass checkpoints for retried attempts; '' = MODEL_DIR.checkpoint beside the model", Pattern(nonempty=False))
+    overwrite: bool = param(False, "replace an existing model at --model (atomically); without it train refuses "
+                            "one (anything that is not a terascale model is always refused)")
+    checkpoint_dir: str = param("", "per-pass checkpoints for retried attempts; '' = MODEL_DIR.checkpoint beside the "
+                                "model; must be missing, empty or an earlier run's (its marker file)", Pattern(nonempty=False))
     checkpoint_interval_s: float = param(
         30.0, "checkpoint after a pass once this many seconds passed since the last one (0: after every pass); "
         "a checkpoint holds the L-BFGS memory, 2 x lbfgs_memory floats per feature that occurs in the data", Interval(0, None))
@@ -259,6 +264,8 @@ class SparkConf:
 class PredictConf:
     keep_columns: tuple = param(("label",), "dataset columns copied next to the prediction",
                                 SubsetOf(("label", "weight", "indices", "values")))
+    overwrite: bool = param(False, "replace earlier predictions at --output (atomically); without it predict "
+                            "refuses them (anything that is not terascale's predictions is always refused)")
 
 
 @dataclass(frozen=True)

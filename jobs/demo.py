@@ -2,17 +2,37 @@
 
 generate (200k train rows with 1% malformed lines, 50k test rows) -> featurize both on Spark
 in local mode -> train (hybrid solver, 2 barrier workers joined by the AllReduce tree) ->
-evaluate on the test set. Everything lands under ``--workdir`` (default demo-output/).
+evaluate on the test set. Everything lands under ``--workdir`` (default demo-output/); a rerun
+replaces the demo's own outputs (the generated logs, and the datasets and model through
+``featurize.overwrite`` / ``train.overwrite``) and refuses a workdir where those paths hold
+anything else.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import os
 import shutil
 import time
 
 from jobs.config import load_config
+
+_GENERATED = ("_truth.json", "part-*.tsv", "part-*.tsv.gz", "part-*.prob.npy")
+
+
+def _remove_generated(path: str) -> None:
+    """Remove click logs an earlier demo generated; refuse a directory holding anything else."""
+    from pipeline.artifacts import OutputError
+
+    if not os.path.exists(path):
+        return
+    names = sorted(os.listdir(path)) if os.path.isdir(path) else [path]
+    other = [n for n in names if not any(fnmatch.fnmatchcase(n, p) for p in _GENERATED)]
+    if other:
+        raise OutputError(f"demo: {path} holds files the demo did not generate ({', '.join(other[:5])}); "
+                          "refusing to replace it: choose another --workdir")
+    shutil.rmtree(path)
 
 
 def run_demo(workdir: str, rows: int) -> int:
@@ -33,8 +53,9 @@ def run_demo(workdir: str, rows: int) -> int:
     model = os.path.join(workdir, "model")
     test_rows = max(rows // 4, 1000)
     for d in (raw, raw_test):
-        shutil.rmtree(d, ignore_errors=True)
-    cfg = load_config([], ["spark.master=local[2]", "train.workers=2"])
+        _remove_generated(d)
+    cfg = load_config([], ["spark.master=local[2]", "train.workers=2", "featurize.overwrite=true",
+                           "train.overwrite=true"])
 
     print(f"[1/4] generating {rows:,} training rows (1% malformed) and {test_rows:,} test rows into {workdir}")
     t = time.perf_counter()
@@ -59,6 +80,9 @@ def run_demo(workdir: str, rows: int) -> int:
     print(metrics_summary(r))
     print(f"  Bayes-optimal       {gt['bayes_logloss']:.6f} (the generator's true probabilities)")
     metrics_path = os.path.join(workdir, "metrics.json")
+    from jobs.cli import _check_metrics_out
+
+    _check_metrics_out(metrics_path, overwrite=True)
     fsutil.write_json_atomic(metrics_path, r)
     from jobs.report import build_report
 

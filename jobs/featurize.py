@@ -5,6 +5,8 @@
         --set featurize.bits=24
 
 The same as ``terascale featurize ...``; see ``terascale featurize --help`` for the flags.
+An existing output is replaced only with ``--overwrite`` and only when it is this job's own
+kind of artifact; anything else there is refused before Spark starts (exit code 2).
 """
 
 from __future__ import annotations

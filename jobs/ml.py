@@ -240,8 +240,9 @@ class TerascaleModel(Model, _OutputParams, MLReadable, MLWritable):
                                   "uid": self.uid, "paramMap": plain(self._paramMap),
                                   "defaultParamMap": plain(self._defaultParamMap)}))
 
-    def save_dir(self, path: str) -> None:
-        """Write the model directory ``path`` atomically (an existing one is replaced)."""
+    def save_dir(self, path: str, overwrite: bool = False) -> None:
+        """Write the model directory ``path`` atomically; an existing model is replaced only with
+        ``overwrite``, anything else there is refused (``pipeline.artifacts``)."""
         staging = modeldir.staging_dir(path)
         try:
             modeldir.write_weights(staging, self.weights)
@@ -250,7 +251,8 @@ class TerascaleModel(Model, _OutputParams, MLReadable, MLWritable):
             with fs.open_output_stream(inner) as f:
                 f.write(self._params_json().encode("utf-8") + b"\n")
             meta = {k: v for k, v in self.metadata.items() if k not in ("format_version", "terascale_version")}
-            modeldir.commit(staging, path, {**meta, "intercept": self.intercept})
+            modeldir.commit(staging, path, {**meta, "intercept": self.intercept}, overwrite=overwrite,
+                            flag="model.write().overwrite()")
         finally:
             fsutil.delete(staging)
 
@@ -270,7 +272,7 @@ class _ModelWriter(MLWriter):
     def save(self, path: str) -> None:
         if not self.shouldOverwrite and fsutil.exists(fsutil.normalize(path)):
             raise FileExistsError(f"{path} already exists; use model.write().overwrite().save(path)")
-        self.model.save_dir(path)
+        self.model.save_dir(path, overwrite=self.shouldOverwrite)
 
 
 class _ModelReader(MLReader):

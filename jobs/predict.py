@@ -4,6 +4,8 @@
         --input data/test --model models/ctr --output predictions/
 
 The same as ``terascale predict ...``; see ``terascale predict --help`` for the flags.
+An existing output is replaced only with ``--overwrite`` and only when it is this job's own
+kind of artifact; anything else there is refused before Spark starts (exit code 2).
 """
 
 from __future__ import annotations

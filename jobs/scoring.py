@@ -2,8 +2,11 @@
 
 Each task reads its row groups with pyarrow into CSR and scores them with the vectorized
 predictor (``solvers.predict``); the model's weights are loaded once per Python worker. evaluate
-merges small metric states on the driver; predict writes Parquet into attempt-private
-directories that the driver commits (files moved into place, then ``_manifest.json``).
+merges small metric states on the driver; predict writes Parquet into attempt-private files of a
+hidden staging sibling of the output (``.NAME.tmp-RUN``, its marker
+``_terascale_predictions.json`` written first); the driver moves the accepted files into place
+there, writes ``_manifest.json`` and swaps the whole directory in
+(``pipeline.artifacts.replace_dir``), so it never deletes a file of the output one by one.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import fsutil, modeldir
+from pipeline import artifacts, fsutil, modeldir
 from pipeline.dataset import ShardPart, plan_shards, read_csr
 from pipeline.manifest import MANIFEST, read_manifest
 from pipeline.pointer import resolve_model
@@ -97,11 +100,23 @@ def evaluate(spark, data_dir: str, model_dir: str) -> dict:
     return out
 
 
-def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, ...]) -> dict:
+OVERWRITE_FLAG = "--overwrite (or predict.overwrite: true)"
+
+
+def check_output(data_dir: str, model_dir: str, output: str, overwrite: bool) -> None:
+    """Refuse, before any Spark work, an output that overlaps the input dataset or the model, or
+    that holds anything but (with ``overwrite``) earlier predictions."""
+    artifacts.check_apart(output, "--output", {"the input dataset": data_dir, "the model": resolve_model(model_dir)})
+    artifacts.check_target(output, artifacts.PREDICTIONS, overwrite, "--output", OVERWRITE_FLAG)
+
+
+def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, ...], overwrite: bool = False) -> dict:
     """Write Parquet with ``probability`` (logistic) or ``score`` plus the ``keep`` columns
-    (the model: a directory, or a pointer to one)."""
+    (the model: a directory, or a pointer to one) to ``output``: a new path, an empty directory
+    or, with ``overwrite``, earlier predictions (replaced atomically)."""
     t0 = time.perf_counter()
     model_dir = resolve_model(model_dir)
+    check_output(data_dir, model_dir, output, overwrite)
     bad = [c for c in keep if c not in KEEPABLE]
     if bad:
         raise ValueError(f"predict.keep_columns: {bad} are not columns of a dataset; allowed: {list(KEEPABLE)}")
@@ -111,7 +126,10 @@ def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, 
     out = fsutil.normalize(output)
     n_features = 1 << int(m["spec"]["bits"])
     groups = [[p.to_json() for p in g] for g in _groups(spark, data_dir, m)]
-    staging = fsutil.join(out, "_temporary", uuid.uuid4().hex[:10])
+    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    root = artifacts.staging_path(out, run_id)
+    artifacts.write_marker(root, artifacts.PREDICTIONS, run_id, model=model, dataset=fsutil.normalize(data_dir))
+    staging = fsutil.join(root, "_temporary")
 
     def task(i, items):
         from pyspark import TaskContext
@@ -136,24 +154,26 @@ def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, 
     try:
         results = sc.parallelize(groups, len(groups)).mapPartitionsWithIndex(task).collect()
     except Exception:
-        fsutil.delete(staging)
+        fsutil.delete(root)
         raise
     finally:
         sc.setJobDescription(None)
-    fsutil.delete(fsutil.join(out, MANIFEST))
-    for old in fsutil.list_files(out):
-        if old.rsplit("/", 1)[-1].startswith("part-"):
-            fsutil.delete(old)
-    files = []
-    for r in sorted(results, key=lambda r: r["task"]):
-        name = f"part-{r['task']:05d}.parquet"
-        fsutil.move(r["path"], fsutil.join(out, name))
-        files.append({"path": name, "rows": r["rows"]})
-    manifest = {"kind": "predictions", "column": col, "kept": list(keep), "model": model,
-                "dataset": fsutil.normalize(data_dir), "rows": sum(f["rows"] for f in files), "files": files,
-                "seconds": time.perf_counter() - t0}
-    fsutil.write_json_atomic(fsutil.join(out, MANIFEST), manifest)
-    fsutil.delete(fsutil.join(out, "_temporary"))
+    try:
+        files = []
+        for r in sorted(results, key=lambda r: r["task"]):
+            name = f"part-{r['task']:05d}.parquet"
+            fsutil.move(r["path"], fsutil.join(root, name))
+            files.append({"path": name, "rows": r["rows"]})
+        fsutil.delete(staging)  # rejected and speculative attempts
+        manifest = {"kind": "predictions", "column": col, "kept": list(keep), "model": model,
+                    "dataset": fsutil.normalize(data_dir), "rows": sum(f["rows"] for f in files), "files": files,
+                    "seconds": time.perf_counter() - t0}
+        fsutil.write_json_atomic(fsutil.join(root, MANIFEST), manifest)
+        artifacts.check_target(out, artifacts.PREDICTIONS, overwrite, "--output", OVERWRITE_FLAG)  # changed meanwhile?
+        artifacts.replace_dir(root, out, run_id)
+    except Exception:
+        fsutil.delete(root)
+        raise
     return manifest
 
 

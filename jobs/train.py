@@ -4,6 +4,8 @@
         --input data/train --model models/ctr --conf conf/train.yaml --set train.workers=4
 
 The same as ``terascale train ...``; see ``terascale train --help`` for the flags.
+An existing output is replaced only with ``--overwrite`` and only when it is this job's own
+kind of artifact; anything else there is refused before Spark starts (exit code 2).
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 
 Spark orchestration only: numbers are computed in the tasks (``jobs.train_task``) by the
 solvers. The model directory appears only when complete (staging directory + rename); a failed
-run leaves none, and removes its staging directory.
+run leaves none, and removes its staging directory. Before anything starts, ``check_outputs``
+refuses a model or checkpoint directory that holds anything else than terascale's own artifact
+of that kind (``pipeline.artifacts``); the checkpoint directory gets its marker first and is
+removed at the end only when the marker is this run's.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from jobs import checkpoint
 from jobs.config import Config, to_dict
 from jobs.progress import ProgressMonitor
 from jobs.train_task import Inject, TaskSpec, run_train_task
-from pipeline import fsutil, modeldir
+from pipeline import artifacts, fsutil, modeldir
 from pipeline.dataset import plan_shards
 from pipeline.manifest import read_manifest
 from pipeline.pointer import resolve_model
@@ -47,6 +50,47 @@ def checkpoint_dir(cfg: Config, model_dir: str) -> str:
     return cfg.train.checkpoint_dir or fsutil.normalize(model_dir).rstrip("/") + ".checkpoint"
 
 
+OVERWRITE_FLAG = "--overwrite (or train.overwrite: true)"
+
+
+def check_outputs(cfg: Config, data_dir: str, model_dir: str) -> None:
+    """Refuse, before any Spark work, a model or checkpoint directory this run must not write.
+
+    The model: a missing path, an empty directory or (with ``train.overwrite``) an earlier model.
+    The checkpoint directory: missing, empty, or an earlier run's (its marker; cleared at start).
+    Neither may equal, contain or lie inside the input dataset or each other.
+    """
+    artifacts.check_apart(model_dir, "--model", {"the input dataset": data_dir})
+    artifacts.check_target(model_dir, artifacts.MODEL, cfg.train.overwrite, "--model", OVERWRITE_FLAG)
+    ckpt = checkpoint_dir(cfg, model_dir)
+    what = "train.checkpoint_dir"
+    artifacts.check_apart(ckpt, what, {"the input dataset": data_dir, "the model directory": model_dir})
+    artifacts.check_target(ckpt, artifacts.CHECKPOINTS, True, what, "")
+
+
+def _open_checkpoints(ckpt: str, run_id: str) -> bool:
+    """Clear an earlier run's checkpoints, write this run's marker; True when the directory is
+    this run's to remove at the end (False: an empty directory the user made, kept)."""
+    found = artifacts.inspect(ckpt)
+    if found.kind == artifacts.CHECKPOINTS:
+        fsutil.delete(ckpt)  # an earlier run's (its marker): checkpoints serve one run's attempts
+    artifacts.write_marker(ckpt, artifacts.CHECKPOINTS, run_id)
+    return found.kind != "empty"
+
+
+def _close_checkpoints(ckpt: str, run_id: str, made: bool) -> None:
+    """Remove the checkpoints, only when the marker still names this run."""
+    marker = artifacts.read_marker(ckpt, artifacts.CHECKPOINTS)
+    if not marker or marker.get("run") != run_id:
+        log.warning("train: %s no longer holds this run's checkpoint marker; leaving it in place", ckpt)
+        return
+    if made:
+        fsutil.delete(ckpt)
+        return
+    fs, inner = fsutil.resolve(ckpt)
+    fs.delete_dir_contents(inner)
+
+
 def _groups_path(data_dir: str, manifest: dict, params: SolverParams) -> str:
     """The dataset's group map when the L-BFGS phase will use it (``lbfgs_coarse``), else ""."""
     entry = manifest.get("groups")
@@ -68,6 +112,7 @@ def _fenced(ckpt: str, attach):
 def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     """Train on the featurized dataset ``data_dir`` and write ``model_dir``; returns its metadata."""
     t0 = time.perf_counter()
+    check_outputs(cfg, data_dir, model_dir)
     manifest = read_manifest(data_dir)
     spec = manifest["spec"]
     t = cfg.train
@@ -81,8 +126,8 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     params = solver_params(cfg)
     shards = plan_shards(data_dir, t.workers, manifest)
     ckpt = checkpoint_dir(cfg, model_dir)
-    fsutil.delete(ckpt)  # checkpoints serve the attempts of this run only
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    made_ckpt = _open_checkpoints(ckpt, run_id)
     staging = modeldir.staging_dir(model_dir, run_id)
     task = TaskSpec(
         shards=tuple(tuple(s) for s in shards), n_features=1 << int(spec["bits"]), params=params,
@@ -125,10 +170,10 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
         "train_seconds": time.perf_counter() - t0,
     }
     try:
-        modeldir.commit(staging, model_dir, metadata)
+        modeldir.commit(staging, model_dir, metadata, overwrite=t.overwrite, run=run_id, flag=OVERWRITE_FLAG)
     except Exception:
         fsutil.delete(staging)
         raise
-    fsutil.delete(ckpt)
+    _close_checkpoints(ckpt, run_id, made_ckpt)
     log.info("train: objective %.6g after %d passes -> %s", rank0["objective"], len(rank0["history"]), model_dir)
     return metadata

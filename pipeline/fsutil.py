@@ -10,7 +10,6 @@ import fnmatch
 import json
 import os
 import posixpath
-import uuid
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
@@ -113,17 +112,15 @@ def expand_inputs(patterns: list[str]) -> list[InputFile]:
 
 
 def write_json_atomic(path: str, obj: dict) -> None:
-    """Write JSON to a temporary sibling and rename it into place. Every JSON file a job writes
-    goes through here and is stored redacted (``pipeline.redact``: secret keys and URI
-    credentials as ``***``)."""
+    """Write JSON to a unique temporary sibling, fsync it and rename it into place
+    (``pipeline.durable.write_bytes``): readers see the old file or the new one, after a crash too.
+    Every JSON file a job writes goes through here and is stored redacted (``pipeline.redact``:
+    secret keys and URI credentials as ``***``)."""
+    from pipeline import durable  # durable builds on this module
     from pipeline.redact import redact
 
     obj = redact(obj)
-    fs, inner = resolve(path)
-    tmp = f"{inner}.tmp-{uuid.uuid4().hex}"
-    with fs.open_output_stream(tmp) as out:
-        out.write(json.dumps(obj, indent=2, sort_keys=False).encode("utf-8") + b"\n")
-    fs.move(tmp, inner)
+    durable.write_bytes(path, json.dumps(obj, indent=2, sort_keys=False).encode("utf-8") + b"\n")
 
 
 def read_json(path: str) -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 from importlib import metadata
 
-from pipeline import fsutil
+from pipeline import artifacts, fsutil
 from pipeline.spec import FeatureSpec
 
 MANIFEST = "_manifest.json"
@@ -91,6 +91,7 @@ def read_manifest(dataset_dir: str) -> dict:
     if not fsutil.exists(path):
         raise DatasetError(
             f"{dataset_dir}: no {MANIFEST}; not a terascale dataset, or its featurize run did not finish"
+            + artifacts.missing_hint(dataset_dir)
         )
     m = fsutil.read_json(path)
     if m.get("format_version") != FORMAT_VERSION:

@@ -1,8 +1,9 @@
 """The model directory: ``weights.npy`` (float32, length 2^bits) and ``metadata.json``.
 
-Written atomically: everything goes into a temporary sibling directory that is renamed into
-place last, so a model directory exists only when it is complete (invariant 6). A model never
-holds a non-finite weight.
+Written atomically: everything goes into a hidden staging sibling (``.NAME.tmp-RUN``) that is
+fsync'd and renamed into place last, so a model directory exists only when it is complete
+(invariant 6). Only a missing path, an empty directory or (with ``overwrite``) an earlier model
+is replaced, through ``pipeline.artifacts.replace_dir``. A model never holds a non-finite weight.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import uuid
 
 import numpy as np
 
-from pipeline import fsutil
+from pipeline import artifacts, fsutil
 from pipeline.manifest import terascale_version
 from pipeline.redact import redact
 
@@ -27,9 +28,8 @@ class ModelError(ValueError):
 
 
 def staging_dir(model_dir: str, tag: str = "") -> str:
-    """A temporary sibling of the model directory (same filesystem, so the rename is atomic)."""
-    base = fsutil.normalize(model_dir).rstrip("/")
-    return f"{base}.tmp-{tag or uuid.uuid4().hex[:10]}"
+    """A hidden temporary sibling of the model directory (same filesystem: the rename is atomic)."""
+    return artifacts.staging_path(model_dir, tag or uuid.uuid4().hex[:10])
 
 
 def write_weights(directory: str, weights: np.ndarray) -> None:
@@ -44,10 +44,13 @@ def write_weights(directory: str, weights: np.ndarray) -> None:
         out.write(buf.getvalue())
 
 
-def commit(staging: str, model_dir: str, metadata: dict) -> None:
-    """Add metadata.json to a staging directory holding weights.npy, then rename it into place.
+def commit(staging: str, model_dir: str, metadata: dict, overwrite: bool = False, run: str = "",
+           flag: str = "--overwrite (train.overwrite: true)") -> None:
+    """Add metadata.json to a staging directory holding weights.npy, then put it in place.
 
-    An existing model at ``model_dir`` is replaced (moved aside first, removed after).
+    ``model_dir`` is checked again here (``artifacts.check_target``: it may have changed while
+    the model trained): an earlier model is replaced only with ``overwrite``, atomically
+    (``artifacts.replace_dir``); anything else there is refused with ``artifacts.OutputError``.
     ``metadata`` is stored redacted (``pipeline.redact``).
     """
     if not np.isfinite(metadata.get("intercept", 0.0)):
@@ -56,14 +59,8 @@ def commit(staging: str, model_dir: str, metadata: dict) -> None:
     fs, inner = fsutil.resolve(fsutil.join(staging, METADATA))
     with fs.open_output_stream(inner) as out:
         out.write(json.dumps(meta, indent=2, default=_json_default).encode("utf-8") + b"\n")
-    target = fsutil.normalize(model_dir)
-    old = None
-    if fsutil.exists(target):
-        old = staging_dir(model_dir, "old-" + uuid.uuid4().hex[:6])
-        fsutil.move(target, old)
-    fsutil.move(staging, target)
-    if old is not None:
-        fsutil.delete(old)
+    artifacts.check_target(model_dir, artifacts.MODEL, overwrite, "model", flag)
+    artifacts.replace_dir(staging, model_dir, run or uuid.uuid4().hex[:10])
 
 
 def _json_default(o):
@@ -77,7 +74,7 @@ def _json_default(o):
 def load_metadata(model_dir: str) -> dict:
     path = fsutil.join(fsutil.normalize(model_dir), METADATA)
     if not fsutil.exists(path):
-        raise ModelError(f"{model_dir}: no {METADATA}; not a terascale model directory")
+        raise ModelError(f"{model_dir}: no {METADATA}; not a terascale model directory{artifacts.missing_hint(model_dir)}")
     meta = fsutil.read_json(path)
     if meta.get("format_version") != MODEL_FORMAT:
         raise ModelError(f"{path}: model format {meta.get('format_version')!r} is not supported (want {MODEL_FORMAT})")

@@ -3,7 +3,10 @@
     {"pointer_format": 1, "model": "hdfs:///models/ctr/dt=2024-03-05", "published_at": "...Z",
      "metrics": {...the model's evaluation...} or null, "previous": "<the model it replaced>" or null}
 
-``publish`` writes it to a temporary sibling and renames it over the old pointer
+``publish`` is the only writer of a pointer: every job that writes a directory refuses a pointer
+as its output (``pipeline.artifacts``), and ``publish`` itself refuses to replace anything at the
+pointer path that is not a pointer (a directory, a user's file, unparsable JSON). It writes the
+new pointer to a unique temporary sibling, fsyncs it and renames it over the old one
 (``fsutil.write_json_atomic``). On a local or POSIX filesystem rename(2) replaces the file
 atomically: a reader sees the old pointer or the new one, never a partial file and never none. On
 S3 the rename is a single-object copy, so readers also see old or new. On HDFS pyarrow replaces an
@@ -102,10 +105,15 @@ def publish(model_dir: str, pointer: str, metrics: dict | None = None) -> dict:
         raise modeldir.ModelError(f"refusing to publish: {e}") from None
     previous = None
     if fsutil.exists(pointer):
+        from pipeline.artifacts import OutputError
+
+        if not is_file(pointer):
+            raise OutputError(f"--pointer {pointer}: exists and is a directory, not a model pointer; refusing to replace it")
         try:
             old = read_pointer(pointer)
-        except PointerError:
-            old = {}  # a damaged pointer is replaced; there is no previous model to name
+        except PointerError as e:
+            raise OutputError(f"--pointer {pointer}: exists and is not a terascale pointer ({e}); "
+                              "refusing to replace it: remove it or choose another path") from None
         # a re-run publishing the same model keeps the model it replaced as the previous one
         previous = old.get("previous") if old.get("model") == model else old.get("model")
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

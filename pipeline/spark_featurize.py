@@ -3,10 +3,13 @@
 Spark schedules the tasks, retries them and runs speculative copies; it never carries the data.
 Each task reads its byte ranges itself (pyarrow filesystems), parses and hashes them in a
 compiled kernel, and writes one Parquet file and its group map into a directory private to its
-attempt. The executors merge the accepted attempts' group maps (elementwise minimum,
-``pipeline.groups``). The driver then commits: it removes the old manifest, moves the accepted
-attempts' files into place, writes the merged group map and then the new manifest (the commit
-marker) atomically and removes the staging area. A failed run leaves no manifest.
+attempt, inside a hidden staging sibling of the output (``.NAME.tmp-RUN``). The executors merge
+the accepted attempts' group maps (elementwise minimum, ``pipeline.groups``). The driver then
+builds the whole new dataset in the staging directory (the accepted attempts' files, the merged
+group map, the manifest last) and swaps it in with ``pipeline.artifacts.replace_dir``: the old
+dataset stays whole until the new one is complete on disk. Before any Spark work the output is
+checked (``pipeline.artifacts.check_target``): a missing path, an empty directory or, with
+``featurize.overwrite``, an earlier dataset. A failed run leaves the old output untouched.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from allreduce.spark import spark_error_summary as task_error_summary
-from pipeline import fsutil, groups
+from pipeline import artifacts, fsutil, groups
 from pipeline.blocks import Piece, align_range
 from pipeline.featurize_task import MalformedInput, TaskOptions, run_task
 from pipeline.manifest import MANIFEST, QUARANTINE_DIR, build_manifest, merge_inputs
@@ -30,6 +33,7 @@ from pipeline.spec import FeatureSpec
 
 log = logging.getLogger("terascale.featurize")
 TEMP_DIR = "_temporary"
+OVERWRITE_FLAG = "--overwrite (or featurize.overwrite: true)"
 
 
 class FeaturizeError(RuntimeError):
@@ -77,9 +81,27 @@ def _malformed_message(err: BaseException) -> str | None:
     return line
 
 
+def _glob_base(pattern: str) -> str:
+    """The literal directory part of an input pattern (the whole path when it has no glob)."""
+    parts = fsutil.normalize(pattern).split("/")
+    first = next((i for i, p in enumerate(parts) if set("*?[") & set(p)), len(parts))
+    return "/".join(parts[:first])
+
+
+def check_output(inputs: list[str], output: str, overwrite: bool) -> None:
+    """Refuse, before any Spark work, an output that is not a new, empty or (with ``overwrite``)
+    earlier dataset, or that overlaps an input."""
+    for p in inputs:
+        base = _glob_base(p)
+        # a glob lists only the files it matches: an output below its literal part is not read back
+        artifacts.check_apart(output, "--output", {"the input": base}, inside=base == fsutil.normalize(p))
+    artifacts.check_target(output, artifacts.DATASET, overwrite, "--output", OVERWRITE_FLAG)
+
+
 def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fconf) -> dict:
     """Featurize ``inputs`` into ``output``; return the manifest. Raises FeaturizeError."""
     t0 = time.perf_counter()
+    check_output(inputs, output, fconf.overwrite)
     sc = spark.sparkContext
     files = fsutil.expand_inputs(inputs)
     out = fsutil.normalize(output)
@@ -95,7 +117,8 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
         on_error=fconf.on_error, compression=fconf.compression,
     )
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
-    staging = fsutil.join(out, TEMP_DIR, run_id)
+    root = artifacts.staging_path(out, run_id)  # the new dataset, complete before it replaces the old
+    staging = fsutil.join(root, TEMP_DIR)  # the task attempts' private directories
     payload = [(i, [p.to_json() for p in task]) for i, task in enumerate(plan)]
 
     fail_task = fconf.inject_fail_task
@@ -115,7 +138,7 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
     try:
         results = sc.parallelize(payload, len(payload)).mapPartitionsWithIndex(task_fn).collect()
     except Exception as e:  # noqa: BLE001 - Spark wraps task errors in Py4J/Spark exceptions
-        fsutil.delete(staging)
+        fsutil.delete(root)
         msg = _malformed_message(e)
         if msg is not None:
             raise FeaturizeError(msg) from None
@@ -125,12 +148,16 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
     try:
         group_map = _merge_groups(sc, spec, results)
     except Exception as e:  # noqa: BLE001 - as above
-        fsutil.delete(staging)
+        fsutil.delete(root)
         raise FeaturizeError(f"featurize failed merging the group maps: {task_error_summary(e)}") from e
     finally:
         sc.setJobDescription(None)
-    manifest = _commit(out, staging, spec, [f.uri for f in files], results, time.perf_counter() - t0, asdict(opts),
-                       group_map)
+    try:
+        manifest = _commit(out, root, spec, [f.uri for f in files], results, time.perf_counter() - t0, asdict(opts),
+                           group_map, overwrite=fconf.overwrite, run_id=run_id)
+    except Exception:
+        fsutil.delete(root)
+        raise
     return manifest
 
 
@@ -153,50 +180,37 @@ def _merge_groups(sc, spec: FeatureSpec, results: list[dict]) -> np.ndarray | No
             .treeReduce(groups.merge_maps, depth))
 
 
-def _commit(out: str, staging: str, spec: FeatureSpec, inputs: list[str], results: list[dict],
-            seconds: float, options: dict, group_map: np.ndarray | None = None) -> dict:
-    manifest_path = fsutil.join(out, MANIFEST)
-    fsutil.delete(manifest_path)  # the dataset is uncommitted from here until the new manifest lands
-    for old in fsutil.list_files(out):
-        name = old.rsplit("/", 1)[-1]
-        if (name.startswith("part-") and name.endswith(".parquet")) or name == groups.GROUPS_FILE:
-            fsutil.delete(old)
-    fsutil.delete(fsutil.join(out, QUARANTINE_DIR))
+def _commit(out: str, root: str, spec: FeatureSpec, inputs: list[str], results: list[dict],
+            seconds: float, options: dict, group_map: np.ndarray | None = None, overwrite: bool = False,
+            run_id: str = "") -> dict:
+    """Build the dataset in the staging directory ``root`` and swap it in at ``out``."""
+    fsutil.makedirs(root)
     files, qfiles = [], []
     results = sorted(results, key=lambda r: r["task"])
     for r in results:
         name = f"part-{r['task']:05d}.parquet"
         if r["rows"] > 0:
-            fsutil.move(r["data_path"], fsutil.join(out, name))
+            fsutil.move(r["data_path"], fsutil.join(root, name))
             files.append({
                 "path": name, "rows": r["rows"], "nnz": r["nnz"], "bytes": r["bytes"],
                 "positives": r["positives"], "weight_sum": r["weight_sum"], "rows_with_values": r["multi_rows"],
             })
         if r["quarantine_path"]:
-            fsutil.makedirs(fsutil.join(out, QUARANTINE_DIR))
-            fsutil.move(r["quarantine_path"], fsutil.join(out, QUARANTINE_DIR, name))
+            fsutil.makedirs(fsutil.join(root, QUARANTINE_DIR))
+            fsutil.move(r["quarantine_path"], fsutil.join(root, QUARANTINE_DIR, name))
             qfiles.append(f"{QUARANTINE_DIR}/{name}")
+    fsutil.delete(fsutil.join(root, TEMP_DIR))  # rejected and speculative attempts
     group_entry, distinct = None, None
     if group_map is not None:
-        groups.write_map(fsutil.join(out, groups.GROUPS_FILE), group_map)  # before the manifest
+        groups.write_map(fsutil.join(root, groups.GROUPS_FILE), group_map)  # before the manifest
         distinct = groups.bucket_count(group_map)
         group_entry = {"path": groups.GROUPS_FILE, "names": groups.group_names(spec), "buckets": distinct}
     manifest = build_manifest(spec, inputs, files, qfiles, merge_inputs(results, inputs), distinct, seconds, options,
                               groups=group_entry)
-    fsutil.write_json_atomic(manifest_path, manifest)
-    fsutil.delete(staging)
-    temp_root = fsutil.join(out, TEMP_DIR)
-    if not fsutil.list_files(temp_root) and not _has_subdirs(temp_root):
-        fsutil.delete(temp_root)
+    fsutil.write_json_atomic(fsutil.join(root, MANIFEST), manifest)
+    # checked again: the output may have changed while the tasks ran
+    artifacts.check_target(out, artifacts.DATASET, overwrite, "--output", OVERWRITE_FLAG)
+    artifacts.replace_dir(root, out, run_id or uuid.uuid4().hex[:10])
     log.info("featurize: committed %d files, %d rows, %d quarantined -> %s", len(files), manifest["rows"],
              manifest["quarantine"]["rows"], out)
     return manifest
-
-
-def _has_subdirs(path: str) -> bool:
-    import pyarrow.fs as pafs
-
-    fs, inner = fsutil.resolve(path)
-    if fs.get_file_info(inner).type != pafs.FileType.Directory:
-        return False
-    return any(i.type == pafs.FileType.Directory for i in fs.get_file_info(pafs.FileSelector(inner)))

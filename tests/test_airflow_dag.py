@@ -131,13 +131,15 @@ def test_rendered_arguments_carry_the_days_paths_and_the_config(monkeypatch):
     release = "hdfs:///apps/terascale/0.1.0"
     expected = {
         "featurize_train": ["--input", f"hdfs:///data/clicks/raw/dt={DAY}/train/",
-                            "--output", f"hdfs:///data/clicks/featurized/dt={DAY}/train", "--set", "featurize.bits=24"],
+                            "--output", f"hdfs:///data/clicks/featurized/dt={DAY}/train", "--overwrite",
+                            "--set", "featurize.bits=24"],
         "featurize_eval": ["--input", f"hdfs:///data/clicks/raw/dt={DAY}/eval/",
-                           "--output", f"hdfs:///data/clicks/featurized/dt={DAY}/eval", "--set", "featurize.bits=24"],
+                           "--output", f"hdfs:///data/clicks/featurized/dt={DAY}/eval", "--overwrite",
+                           "--set", "featurize.bits=24"],
         "train": ["--input", f"hdfs:///data/clicks/featurized/dt={DAY}/train", "--model", f"hdfs:///models/ctr/dt={DAY}",
-                  "--init-model-if-exists", "hdfs:///models/ctr/current", "--set", "train.workers=8", "--set", "train.spares=1"],
+                  "--overwrite", "--init-model-if-exists", "hdfs:///models/ctr/current", "--set", "train.workers=8", "--set", "train.spares=1"],
         "evaluate": ["--input", f"hdfs:///data/clicks/featurized/dt={DAY}/eval", "--model", f"hdfs:///models/ctr/dt={DAY}",
-                     "--out", f"hdfs:///models/ctr/metrics/dt={DAY}.json"],
+                     "--overwrite", "--out", f"hdfs:///models/ctr/metrics/dt={DAY}.json"],
         "gate": ["--metrics", f"hdfs:///models/ctr/metrics/dt={DAY}.json", "--baseline", "hdfs:///models/ctr/current",
                  "--metric", "logloss", "--max-regression", "0.01", "--margin", "relative"],
         "publish": ["--model", f"hdfs:///models/ctr/dt={DAY}", "--pointer", "hdfs:///models/ctr/current",
@@ -171,7 +173,7 @@ def test_another_config_file_and_a_spark_submit_line(tmp_path, monkeypatch):
         "--executor-cores", "4", "--executor-memory", "8g", "--driver-memory", "4g",
         "--name", f"terascale-featurize_train-{DAY}", "--deploy-mode", "cluster", str(ROOT / "jobs" / "featurize.py"),
         "--input", f"{tmp_path}/logs/{DAY}/a.tsv", f"{tmp_path}/logs/{DAY}/b.tsv", "--output", f"{tmp_path}/data/{DAY}/train",
-        "--set", "featurize.bits=18", "--set", 'featurize.conjunctions=[["C6", "C9"]]',
+        "--overwrite", "--set", "featurize.bits=18", "--set", 'featurize.conjunctions=[["C6", "C9"]]',
     ]]
     assert rendered(dag, "evaluate").application_args[-1] == f"{tmp_path}/metrics/{DAY.replace('-', '')}.json"
 

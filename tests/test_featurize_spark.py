@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.config import CRITEO_FIELDS, load_config
+from pipeline.artifacts import OutputError
 from pipeline.fsutil import InputError
 from pipeline.generate import MALFORMED_KINDS, generate_clicklogs
 from pipeline.groups import read_groups
@@ -134,7 +135,9 @@ def test_rerun_is_idempotent_and_replaces_the_old_output(spark, raw_logs, tmp_pa
     rows1 = _written_rows(out)
     groups1 = read_groups(str(out), m1)
     (out / "part-00099.parquet").write_bytes(b"stale")  # a leftover of some older run
-    m2 = run_featurize(spark, [str(raw)], str(out), spec, _fconf("featurize.partitions=3"))
+    with pytest.raises(OutputError, match=r"exists and is a terascale dataset \(_manifest.json\); pass --overwrite"):
+        run_featurize(spark, [str(raw)], str(out), spec, _fconf("featurize.partitions=3"))
+    m2 = run_featurize(spark, [str(raw)], str(out), spec, _fconf("featurize.partitions=3", "featurize.overwrite=true"))
     assert _written_rows(out) == rows1
     assert m2["rows"] == m1["rows"] and len(m2["files"]) == 3
     np.testing.assert_array_equal(read_groups(str(out), m2), groups1)  # the group map does not depend on the split
@@ -142,6 +145,7 @@ def test_rerun_is_idempotent_and_replaces_the_old_output(spark, raw_logs, tmp_pa
     names = sorted(p.name for p in out.iterdir())
     assert names == ["_groups.npy", "_manifest.json", "_quarantine", "part-00000.parquet", "part-00001.parquet",
                      "part-00002.parquet"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging, no aside
 
 
 def test_cut_files_gzip_and_line_numbers(spark, raw_logs, tmp_path):

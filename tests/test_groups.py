@@ -363,9 +363,9 @@ def test_featurize_libsvm_map_and_a_rerun_without_a_map(spark, tmp_path):
     assert np.flatnonzero(g != NO_GROUP).tolist() == [0, 1, 2, 3] and (g[[0, 1, 2, 3]] == 0).all()
     assert m["groups"] == {"path": GROUPS_FILE, "names": ["features"], "buckets": 4} and m["distinct_features"] == 4
 
-    # bits above GROUPS_MAX_BITS: no map; the commit removes the stale one of the first run
+    # bits above GROUPS_MAX_BITS: no map; the new dataset replaces the first run's whole, its map included
     big = FeatureSpec(format="libsvm", bits=27)
-    m2 = run_featurize(spark, [str(src)], str(out), big, _fconf("featurize.format=libsvm"))
+    m2 = run_featurize(spark, [str(src)], str(out), big, _fconf("featurize.format=libsvm", "featurize.overwrite=true"))
     assert m2["groups"] is None and m2["distinct_features"] is None
     assert not (out / GROUPS_FILE).exists()
     assert read_groups(str(out), read_manifest(str(out))) is None

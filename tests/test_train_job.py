@@ -60,7 +60,7 @@ def test_k1_and_k2_reach_the_same_optimum_and_write_a_complete_model(spark, data
     assert {r["rank"] for r in m2["per_rank"]} == {0, 1} and sum(r["rows"] for r in m2["per_rank"]) == 8000
     # the executors' environment of jobs.session reached the Python workers (local mode too)
     assert {r["numpy_madvise_hugepage"] for r in m2["per_rank"]} == {"0"}
-    assert not list(tmp_path.glob("*.tmp-*")) and not list(tmp_path.glob("*.checkpoint"))
+    assert not list(tmp_path.glob(".*.tmp-*")) and not list(tmp_path.glob("*.checkpoint"))
 
     r = evaluate(spark, str(data / "te"), str(tmp_path / "m2"))
     assert r["rows"] == 2000 and 0.3 < r["logloss"] < 0.7 and 0.6 < r["auroc"] < 1.0
@@ -117,7 +117,7 @@ def test_divergence_stops_with_a_clear_error_and_no_model(spark, data, tmp_path)
                "train.workers=2", "spark.master=local[2]")
     with pytest.raises(TrainError, match="DivergenceError"):
         run_train(spark, cfg, str(data / "tr"), str(tmp_path / "m"))
-    assert not (tmp_path / "m").exists() and not list(tmp_path.glob("m.tmp-*"))
+    assert not (tmp_path / "m").exists() and not list(tmp_path.glob(".m.tmp-*")) and not list(tmp_path.glob(".m.old-*"))
 
 
 def test_init_model_must_share_the_feature_spec(spark, data, tmp_path):

@@ -6,6 +6,11 @@
 Every task is a SparkSubmitOperator running one of terascale's jobs/*.py from the release that
 `make dist` builds (dist/jobs/*.py, the py-files zip, the packed env.tar.gz):
 
+Every task is idempotent and retried: featurize, train and evaluate pass ``--overwrite`` so that a
+retry (or a re-run of the day) replaces the outputs of the attempt before it, atomically. They
+still refuse a path that holds anything else (a user's files, another kind of artifact, the
+pointer), so a wrong path in the configuration fails the task instead of destroying data.
+
 - featurize_train / featurize_eval: the day's training logs and held-out logs -> hashed Parquet.
 - train: warm-starts from the published model (`--init-model-if-exists POINTER`); the first day,
   before anything is published, it trains from scratch and says so. It starts from the model in
@@ -70,11 +75,13 @@ def job_args(cfg: dict) -> dict[str, tuple[str, list[str]]]:
     p, g, ts = cfg["paths"], cfg["gate"], cfg.get("terascale") or {}
     feat = _sets(ts.get("featurize"))
     return {
-        "featurize_train": ("featurize", ["--input", *_inputs(p["train_logs"]), "--output", p["train_data"], *feat]),
-        "featurize_eval": ("featurize", ["--input", *_inputs(p["eval_logs"]), "--output", p["eval_data"], *feat]),
-        "train": ("train", ["--input", p["train_data"], "--model", p["model"],
+        "featurize_train": ("featurize", ["--input", *_inputs(p["train_logs"]), "--output", p["train_data"],
+                                          "--overwrite", *feat]),
+        "featurize_eval": ("featurize", ["--input", *_inputs(p["eval_logs"]), "--output", p["eval_data"],
+                                         "--overwrite", *feat]),
+        "train": ("train", ["--input", p["train_data"], "--model", p["model"], "--overwrite",
                             "--init-model-if-exists", p["pointer"], *_sets(ts.get("train"))]),
-        "evaluate": ("evaluate", ["--input", p["eval_data"], "--model", p["model"], "--out", p["metrics"],
+        "evaluate": ("evaluate", ["--input", p["eval_data"], "--model", p["model"], "--overwrite", "--out", p["metrics"],
                                   *_sets(ts.get("evaluate"))]),
         "gate": ("gate", ["--metrics", p["metrics"], "--baseline", p["pointer"], "--metric", str(g["metric"]),
                           "--max-regression", str(g["max_regression"]), "--margin", str(g["margin"])]),

@@ -97,7 +97,7 @@ def _featurized(spark, raw, name):
     manifest = out / "_manifest.json"
     # a dataset featurized before group maps existed is featurized again (the coarse correction needs one)
     if not manifest.exists() or not json.loads(manifest.read_text()).get("groups"):
-        cfg = load_config([], [f"featurize.bits={BITS}"])
+        cfg = load_config([], [f"featurize.bits={BITS}", "featurize.overwrite=true"])  # replaces an older dataset
         run_featurize(spark, [str(raw / "*.tsv")], str(out), _spec(cfg), cfg.featurize)
     return out
 
