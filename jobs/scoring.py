@@ -2,7 +2,8 @@
 
 Each task reads its row groups with pyarrow into CSR and scores them with the vectorized
 predictor (``solvers.predict``); the model's weights are loaded once per Python worker. evaluate
-merges small metric states on the driver; predict writes Parquet into attempt-private
+merges small metric states on the driver; a task that meets a bad file reports it as a result (no
+Spark retry) and the driver raises its ``DataFileError``; predict writes Parquet into attempt-private
 directories that the driver commits (files moved into place, then ``_manifest.json``).
 """
 
@@ -20,6 +21,7 @@ from pipeline import fsutil, modeldir
 from pipeline.dataset import ShardPart, plan_shards, read_csr
 from pipeline.manifest import MANIFEST, read_manifest
 from pipeline.pointer import resolve_model
+from pipeline.verify import catching, raise_bad_files, read_row_groups
 
 log = logging.getLogger("terascale.scoring")
 _MODEL_CACHE: dict[str, tuple[np.ndarray, float, str]] = {}
@@ -85,7 +87,7 @@ def evaluate(spark, data_dir: str, model_dir: str) -> dict:
     sc = spark.sparkContext
     sc.setJobDescription(f"terascale evaluate: {data_dir}")
     try:
-        states = sc.parallelize(groups, len(groups)).mapPartitionsWithIndex(task).collect()
+        states = raise_bad_files(sc.parallelize(groups, len(groups)).mapPartitionsWithIndex(catching(task)).collect())
     finally:
         sc.setJobDescription(None)
     total = BinaryMetrics()
@@ -133,7 +135,7 @@ def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, 
     sc = spark.sparkContext
     sc.setJobDescription(f"terascale predict: {data_dir} -> {out}")
     try:
-        results = sc.parallelize(groups, len(groups)).mapPartitionsWithIndex(task).collect()
+        results = raise_bad_files(sc.parallelize(groups, len(groups)).mapPartitionsWithIndex(catching(task)).collect())
     except Exception:
         fsutil.delete(staging)
         raise
@@ -157,6 +159,4 @@ def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, 
 
 
 def _kept(part: ShardPart, keep: tuple[str, ...]) -> pa.Table:
-    fs, inner = fsutil.resolve(part.path)
-    with fs.open_input_file(inner) as f:
-        return pq.ParquetFile(f).read_row_groups(list(part.row_groups), columns=list(keep))
+    return read_row_groups(part.path, part.row_groups, list(keep))

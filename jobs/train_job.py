@@ -18,18 +18,24 @@ from jobs.progress import ProgressMonitor
 from jobs.train_task import Inject, TaskSpec, run_train_task
 from pipeline import fsutil, modeldir
 from pipeline.dataset import plan_shards
-from pipeline.manifest import read_manifest
+from pipeline.manifest import MANIFEST, read_manifest
 from pipeline.pointer import resolve_model
+from pipeline.spec import check_bits
 from solvers.params import SolverParams
 
 log = logging.getLogger("terascale.train")
 
 # failures that a new attempt would only repeat: fail the job at once
-DETERMINISTIC_ERRORS = ("InvalidInputError", "NonFiniteInputError", "DivergenceError", "ModelError", "CheckpointError")
+DETERMINISTIC_ERRORS = ("InvalidInputError", "NonFiniteInputError", "DivergenceError", "ModelError", "CheckpointError",
+                        "DataFileError")
 
 
 class TrainError(RuntimeError):
-    """The train job failed; no model was written."""
+    """The train job failed; no model was written. ``attempts``: the barrier stage's attempts."""
+
+    def __init__(self, message: str, attempts: list[dict] | None = None):
+        super().__init__(message)
+        self.attempts = list(attempts or [])
 
 
 def solver_params(cfg: Config) -> SolverParams:
@@ -59,6 +65,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     t0 = time.perf_counter()
     manifest = read_manifest(data_dir)
     spec = manifest["spec"]
+    check_bits(spec["bits"], f"{fsutil.join(fsutil.normalize(data_dir), MANIFEST)}: spec.bits")
     t = cfg.train
     init_model = resolve_model(t.init_model) if t.init_model else ""  # once: a pointer may move
     if init_model:
@@ -94,7 +101,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
                               no_retry=DETERMINISTIC_ERRORS, on_attempt=monitor.attach)
     except BarrierError as e:
         fsutil.delete(staging)
-        raise TrainError(str(e)) from None
+        raise TrainError(str(e), e.attempts) from None
     rank0 = next(r for r in res.results if r["rank"] == 0)
     per_rank = [{k: r[k] for k in ("rank", "shard", "attempt_id", "spare", "rows", "nnz", "holdout_rows",
                                    "csr_bytes", "read_s", "warm_wait_s", "seconds", "resumed_from_pass", "peak_rss_bytes",
