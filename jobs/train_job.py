@@ -13,6 +13,7 @@ import time
 import uuid
 
 from allreduce.spark import BarrierError, NetConf, run_barrier
+from jobs import preflight
 from jobs.config import Config, to_dict
 from jobs.progress import ProgressMonitor
 from jobs.train_task import Inject, TaskSpec, run_train_task
@@ -60,6 +61,26 @@ def _groups_path(data_dir: str, manifest: dict, params: SolverParams) -> str:
     return fsutil.join(fsutil.normalize(data_dir), entry["path"])
 
 
+def _memory_preflight(spark, cfg: Config, manifest: dict, shards, bits: int, warm_start: bool) -> dict:
+    """The per-rank memory estimate of the largest shard against what a rank may use
+    (``jobs.preflight``); raises PreflightError when it does not fit and train.preflight=fail."""
+    t = cfg.train
+    sizes = preflight.shard_sizes(shards, manifest)
+    biggest = max(sizes, key=lambda s: 16 * s.rows + 8 * s.nnz)
+    est = preflight.estimate(t, 1 << bits, biggest, preflight.active_bound(manifest, 1 << bits), t.workers,
+                             cfg.allreduce.chunk_bytes, warm_start)
+    sc = spark.sparkContext
+    est.available, est.source = preflight.available(dict(sc.getConf().getAll()), sc.master, t.workers + t.spares,
+                                                    t.rank_memory_mb)
+    warning = preflight.check(est, t.preflight, t.workers, bits)
+    if warning:
+        log.warning("%s", warning)
+    else:
+        log.info("memory preflight: a rank needs about %.0f MiB (%s peak), may use %s (%s)", est.needed / 2**20,
+                 est.phase, "?" if est.available is None else f"{est.available / 2**20:.0f} MiB", est.source)
+    return est.to_json()
+
+
 def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     """Train on the featurized dataset ``data_dir`` and write ``model_dir``; returns its metadata."""
     t0 = time.perf_counter()
@@ -76,6 +97,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
             raise modeldir.ModelError(f"train.init_model {t.init_model}: its feature spec differs from the data's ({detail})")
     params = solver_params(cfg)
     shards = plan_shards(data_dir, t.workers, manifest)
+    memory = _memory_preflight(spark, cfg, manifest, shards, int(spec["bits"]), bool(init_model))
     ckpt = checkpoint_dir(cfg, model_dir)
     fsutil.delete(ckpt)  # checkpoints serve the attempts of this run only
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -116,6 +138,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
         "history": rank0["history"],
         "per_rank": per_rank,
         "data": {"dataset": fsutil.normalize(data_dir), "rows": manifest["rows"], **rank0["totals"]},
+        "memory_estimate": memory,
         "attempts": res.attempts,
         "tasks": [{k: v for k, v in x.items() if k != "result"} for x in res.tasks],
         "train_seconds": time.perf_counter() - t0,

@@ -92,6 +92,8 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
         warming.join()
     warm_wait_s = time.perf_counter() - t0 - read_s  # the warm-up's time beyond the read
     train_data, holdout = data.split_holdout(spec.holdout_period)
+    csr_bytes = data.nbytes
+    del data  # with held-out rows, train_data and holdout are copies: keep one CSR, not two
     found = _resume(spec.checkpoint_dir, ctx.shard, ctx.num_shards)
     resume = None if found is None else found[1]
     init = None
@@ -140,11 +142,11 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
         result = train(train_data, comm, spec.params, holdout=holdout, on_pass_end=on_pass_end,
                        resume=resume, progress=progress, init=init, groups=groups, consume_data=True)
         counts = comm.allreduce_scalars([train_data.n_rows, train_data.nnz,
-                                         0 if holdout is None else holdout.n_rows, float(data.nbytes)])
+                                         0 if holdout is None else holdout.n_rows, float(csr_bytes)])
     out = {
         "shard": ctx.shard, "rank": comm.rank, "attempt_id": ctx.attempt_id, "spare": ctx.is_spare,
         "rows": train_data.n_rows, "nnz": train_data.nnz, "holdout_rows": 0 if holdout is None else holdout.n_rows,
-        "csr_bytes": data.nbytes, "read_s": read_s, "warm_wait_s": warm_wait_s, "seconds": time.perf_counter() - t0,
+        "csr_bytes": csr_bytes, "read_s": read_s, "warm_wait_s": warm_wait_s, "seconds": time.perf_counter() - t0,
         "resumed_from_pass": None if found is None else found[0],
         "peak_rss_bytes": _peak_rss(),
         "numpy_madvise_hugepage": os.environ.get("NUMPY_MADVISE_HUGEPAGE"),  # jobs.session.EXECUTOR_ENV
