@@ -95,7 +95,8 @@ def check_footers(paths: list[str], manifest: dict, manifest_path: str = "the ma
         ft = read_footer(path, entry)
         held = sum(ft.rows)
         if held != entry["rows"]:
-            raise DataFileError(f"{path}: holds {held} rows in {len(ft.rows)} row groups, "
+            groups = f"{len(ft.rows)} row group{'' if len(ft.rows) == 1 else 's'}"
+            raise DataFileError(f"{path}: holds {held} rows in {groups}, "
                                 f"{manifest_path} says {entry['rows']}")
         if all(n is not None for n in ft.nnz) and sum(ft.nnz) != entry["nnz"]:
             per_group = ", ".join(f"row group {g}: {n}" for g, n in enumerate(ft.nnz))

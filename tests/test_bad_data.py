@@ -107,7 +107,7 @@ def test_manifest_claiming_more_rows_than_the_files_hold(spark, clean, tmp_path)
     m["files"][0]["rows"] = held + 2000
     m["files"][1]["rows"] = 2000 - held + 0
     _rewrite_manifest(ds, m)
-    _all_jobs_refuse(spark, clean, ds, tmp_path, f"{ds / m['files'][0]['path']}: holds {held} rows in 1 row groups, "
+    _all_jobs_refuse(spark, clean, ds, tmp_path, f"{ds / m['files'][0]['path']}: holds {held} rows in 1 row group, "
                      f"{ds / '_manifest.json'} says {held + 2000}")
 
 
@@ -123,7 +123,7 @@ def test_manifest_disagreeing_on_non_zeros(spark, clean, tmp_path):
                      f"(row group 0: {f['nnz'] - 7}), {ds / '_manifest.json'} says {f['nnz']}")
 
 
-def test_corrupt_page_fails_the_train_job_once_naming_file_and_row_group(spark, clean, tmp_path):
+def test_corrupt_page_fails_the_train_job_once_naming_file_and_row_group(spark, clean, tmp_path, capsys):
     ds, m = _copy(clean, tmp_path)
     part = ds / m["files"][1]["path"]
     first, end = _indices_page(part)
@@ -137,6 +137,10 @@ def test_corrupt_page_fails_the_train_job_once_naming_file_and_row_group(spark, 
     assert "not retried" in msg
     assert len(e.value.attempts) == 1 and e.value.attempts[0]["outcome"] == "failed"
     assert not (tmp_path / "m").exists()
+    assert main(["train", "--input", str(ds), "--model", str(tmp_path / "m"), *[x for q in QUICK for x in ("--set", q)]]) == 1
+    err = capsys.readouterr().err
+    assert "terascale train: failed: terascale train: task " in err and ": pipeline.verify.DataFileError: " in err
+    assert f"{part}: row group 0: cannot be read or decoded" in err and "(attempt 1, not retried" in err
     # scoring tasks report the file instead of failing (Spark would retry a failed task)
     with pytest.raises(DataFileError, match=f"{part}: row group 0: cannot be read or decoded"):
         evaluate(spark, str(ds), str(clean / "model"))
