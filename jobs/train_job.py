@@ -19,7 +19,7 @@ from jobs.progress import ProgressMonitor
 from jobs.train_task import Inject, TaskSpec, run_train_task
 from pipeline import fsutil, modeldir
 from pipeline.dataset import plan_shards
-from pipeline.manifest import MANIFEST, read_manifest
+from pipeline.manifest import MANIFEST, DatasetError, read_manifest
 from pipeline.pointer import resolve_model
 from pipeline.spec import check_bits
 from solvers.params import SolverParams
@@ -87,6 +87,9 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     manifest = read_manifest(data_dir)
     spec = manifest["spec"]
     check_bits(spec["bits"], f"{fsutil.join(fsutil.normalize(data_dir), MANIFEST)}: spec.bits")
+    if not manifest["rows"]:  # featurize.allow_empty: nothing to train on
+        raise DatasetError(f"{data_dir}: the dataset has no rows (featurized from {manifest.get('lines', 0)} lines); "
+                           "nothing to train on")
     t = cfg.train
     init_model = resolve_model(t.init_model) if t.init_model else ""  # once: a pointer may move
     if init_model:

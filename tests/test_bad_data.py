@@ -191,6 +191,8 @@ def test_featurize_refuses_empty_inputs_unless_allowed(spark, tmp_path, capsys):
     m = run_featurize(spark, [str(raw)], str(tmp_path / "o"), spec, _cfg("featurize.allow_empty=true").featurize)
     assert (m["rows"], m["lines"], m["files"]) == (0, 1, [])
     assert json.loads((tmp_path / "o" / "_manifest.json").read_text())["rows"] == 0
+    with pytest.raises(DatasetError, match=r"the dataset has no rows \(featurized from 1 lines\); nothing to train on"):
+        run_train(spark, _cfg(*QUICK), str(tmp_path / "o"), str(tmp_path / "m"))
 
 
 def test_featurize_and_train_share_one_bits_limit(spark, clean, tmp_path, capsys):
