@@ -63,7 +63,12 @@ def spark_error_summary(err: BaseException) -> str:
 
 
 class BarrierError(RuntimeError):
-    """The barrier stage cannot run, or failed in every attempt; the message says why."""
+    """The barrier stage cannot run, or failed in every attempt; the message says why.
+    ``attempts``: the driver attempts made (``BarrierResult.attempts`` records)."""
+
+    def __init__(self, message: str, attempts: list[dict] | None = None):
+        super().__init__(message)
+        self.attempts = list(attempts or [])
 
 
 @dataclass(frozen=True)
@@ -279,7 +284,8 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
                 attempts.append({"attempt": attempt, "seconds": time.perf_counter() - t0, "outcome": "failed", "error": why})
                 log.warning("%s: attempt %d failed: %s", job_name, attempt + 1, why)
                 if any(name in why for name in no_retry):
-                    raise BarrierError(f"{job_name}: {why}") from None
+                    raise BarrierError(f"{job_name}: {why} (attempt {attempt + 1}, not retried: "
+                                       "a new attempt would fail the same way)", attempts) from None
                 continue
             finally:
                 sc.setJobDescription(None)
@@ -300,5 +306,5 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
         attempts.append({"attempt": attempt, "seconds": time.perf_counter() - t0, "outcome": "succeeded"})
         return BarrierResult([t["result"] for t in survivors], tasks, attempts)
     raise BarrierError(
-        f"{job_name}: all {max_attempts} attempts failed; last error: {attempts[-1]['error']}"
+        f"{job_name}: all {max_attempts} attempts failed; last error: {attempts[-1]['error']}", attempts
     )

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from pipeline.redact import redact, shown
+from pipeline.spec import MAX_BITS
 from solvers.params import SolverParams
 
 CRITEO_INT_FIELDS = tuple(f"I{k}" for k in range(1, 14))
@@ -130,7 +131,7 @@ def _freeze(v: Any) -> Any:
 @dataclass(frozen=True)
 class FeaturizeConf:
     format: str = param("criteo", "input format: Criteo TSV or LibSVM", OneOf(("criteo", "libsvm")))
-    bits: int = param(24, "hash space is 2^bits buckets", Interval(1, 31, integer=True))
+    bits: int = param(24, "hash space is 2^bits buckets (train indexes them with int32)", Interval(1, MAX_BITS, integer=True))
     seed: int = param(0, "murmur3 seed (mmh3.hash semantics)", Interval(0, 2**32 - 1, integer=True))
     fields: tuple = param(
         CRITEO_FIELDS, "Criteo fields that become features", SubsetOf(CRITEO_FIELDS)
@@ -162,6 +163,9 @@ class FeaturizeConf:
     compression: str = param("snappy", "Parquet compression codec", OneOf(("snappy", "zstd", "lz4", "none")))
     overwrite: bool = param(False, "replace an existing dataset at the output (atomically); without it "
                             "featurize refuses one (anything that is not a terascale dataset is always refused)")
+    allow_empty: bool = param(
+        False, "commit a dataset with no rows (inputs without lines, or every line quarantined); "
+        "false: such a run fails naming the inputs and commits nothing")
     inject_fail_task: int = param(
         -1, "chaos drill: the first attempt of this task fails after writing part of its output (-1: off)",
         Interval(-1, None, integer=True),
@@ -237,6 +241,15 @@ class TrainConf:
     checkpoint_interval_s: float = param(
         30.0, "checkpoint after a pass once this many seconds passed since the last one (0: after every pass); "
         "a checkpoint holds the L-BFGS memory, 2 x lbfgs_memory floats per feature that occurs in the data", Interval(0, None))
+    preflight: str = param(
+        "fail", "memory preflight on the driver before Spark starts (jobs/preflight.py): a rank's estimated peak "
+        "memory (shard, model state, L-BFGS pairs, buffers, process) against the memory one task may use; "
+        "fail = stop when it does not fit, warn = log and go on, off = skip", OneOf(("fail", "warn", "off")))
+    rank_memory_mb: int = param(
+        0, "memory one rank (one barrier task's Python worker) may use, for the preflight; 0 = from the Spark "
+        "settings: spark.executor.pyspark.memory / executor cores, else on YARN and Kubernetes "
+        "spark.executor.memoryOverhead / executor cores, in local mode the machine's memory / (workers + spares); "
+        "elsewhere unknown (the preflight then only logs its estimate)", Interval(0, None, integer=True))
     progress: str = param("auto", "driver console progress (pass, rows, objective, ETA): auto = a bar on a terminal, log lines otherwise", OneOf(("auto", "bar", "log")))
     inject: InjectConf = section(InjectConf, "fault injection for tests and chaos drills; off by default")
 

@@ -2,7 +2,8 @@
 
 Each task reads its row groups with pyarrow into CSR and scores them with the vectorized
 predictor (``solvers.predict``); the model's weights are loaded once per Python worker. evaluate
-merges small metric states on the driver; predict writes Parquet into attempt-private files of a
+merges small metric states on the driver; a task that meets a bad file reports it as a result (no
+Spark retry) and the driver raises its ``DataFileError``; predict writes Parquet into attempt-private files of a
 hidden staging sibling of the output (``.NAME.tmp-RUN``, its marker
 ``_terascale_predictions.json`` written first); the driver moves the accepted files into place
 there, writes ``_manifest.json`` and swaps the whole directory in
@@ -24,6 +25,7 @@ from pipeline.dataset import ShardPart, plan_shards, read_csr
 from pipeline.manifest import MANIFEST, read_manifest
 from pipeline.pointer import resolve_model
 from pipeline.redact import redact_text
+from pipeline.verify import catching, raise_bad_files, read_row_groups
 
 log = logging.getLogger("terascale.scoring")
 _MODEL_CACHE: dict[str, tuple[np.ndarray, float, str]] = {}
@@ -89,7 +91,7 @@ def evaluate(spark, data_dir: str, model_dir: str) -> dict:
     sc = spark.sparkContext
     sc.setJobDescription(redact_text(f"terascale evaluate: {data_dir}"))
     try:
-        states = sc.parallelize(groups, len(groups)).mapPartitionsWithIndex(task).collect()
+        states = raise_bad_files(sc.parallelize(groups, len(groups)).mapPartitionsWithIndex(catching(task)).collect())
     finally:
         sc.setJobDescription(None)
     total = BinaryMetrics()
@@ -152,7 +154,7 @@ def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, 
     sc = spark.sparkContext
     sc.setJobDescription(redact_text(f"terascale predict: {data_dir} -> {out}"))
     try:
-        results = sc.parallelize(groups, len(groups)).mapPartitionsWithIndex(task).collect()
+        results = raise_bad_files(sc.parallelize(groups, len(groups)).mapPartitionsWithIndex(catching(task)).collect())
     except Exception:
         fsutil.delete(root)
         raise
@@ -178,6 +180,4 @@ def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, 
 
 
 def _kept(part: ShardPart, keep: tuple[str, ...]) -> pa.Table:
-    fs, inner = fsutil.resolve(part.path)
-    with fs.open_input_file(inner) as f:
-        return pq.ParquetFile(f).read_row_groups(list(part.row_groups), columns=list(keep))
+    return read_row_groups(part.path, part.row_groups, list(keep))

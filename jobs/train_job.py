@@ -16,24 +16,30 @@ import time
 import uuid
 
 from allreduce.spark import BarrierError, NetConf, run_barrier
-from jobs import checkpoint
+from jobs import checkpoint, preflight
 from jobs.config import Config, to_dict
 from jobs.progress import ProgressMonitor
 from jobs.train_task import Inject, TaskSpec, run_train_task
 from pipeline import artifacts, fsutil, modeldir
 from pipeline.dataset import plan_shards
-from pipeline.manifest import read_manifest
+from pipeline.manifest import MANIFEST, DatasetError, read_manifest
 from pipeline.pointer import resolve_model
+from pipeline.spec import check_bits
 from solvers.params import SolverParams
 
 log = logging.getLogger("terascale.train")
 
 # failures that a new attempt would only repeat: fail the job at once
-DETERMINISTIC_ERRORS = ("InvalidInputError", "NonFiniteInputError", "DivergenceError", "ModelError", "CheckpointError")
+DETERMINISTIC_ERRORS = ("InvalidInputError", "NonFiniteInputError", "DivergenceError", "ModelError", "CheckpointError",
+                        "DataFileError")
 
 
 class TrainError(RuntimeError):
-    """The train job failed; no model was written."""
+    """The train job failed; no model was written. ``attempts``: the barrier stage's attempts."""
+
+    def __init__(self, message: str, attempts: list[dict] | None = None):
+        super().__init__(message)
+        self.attempts = list(attempts or [])
 
 
 def solver_params(cfg: Config) -> SolverParams:
@@ -109,12 +115,36 @@ def _fenced(ckpt: str, attach):
     return on_attempt
 
 
+def _memory_preflight(spark, cfg: Config, manifest: dict, shards, bits: int, warm_start: bool) -> dict:
+    """The per-rank memory estimate of the largest shard against what a rank may use
+    (``jobs.preflight``); raises PreflightError when it does not fit and train.preflight=fail."""
+    t = cfg.train
+    sizes = preflight.shard_sizes(shards, manifest)
+    biggest = max(sizes, key=lambda s: 16 * s.rows + 8 * s.nnz)
+    est = preflight.estimate(t, 1 << bits, biggest, preflight.active_bound(manifest, 1 << bits), t.workers,
+                             cfg.allreduce.chunk_bytes, warm_start)
+    sc = spark.sparkContext
+    est.available, est.source = preflight.available(dict(sc.getConf().getAll()), sc.master, t.workers + t.spares,
+                                                    t.rank_memory_mb)
+    warning = preflight.check(est, t.preflight, t.workers, bits)
+    if warning:
+        log.warning("%s", warning)
+    else:
+        log.info("memory preflight: a rank needs about %.0f MiB (%s peak), may use %s (%s)", est.needed / 2**20,
+                 est.phase, "?" if est.available is None else f"{est.available / 2**20:.0f} MiB", est.source)
+    return est.to_json()
+
+
 def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     """Train on the featurized dataset ``data_dir`` and write ``model_dir``; returns its metadata."""
     t0 = time.perf_counter()
     check_outputs(cfg, data_dir, model_dir)
     manifest = read_manifest(data_dir)
     spec = manifest["spec"]
+    check_bits(spec["bits"], f"{fsutil.join(fsutil.normalize(data_dir), MANIFEST)}: spec.bits")
+    if not manifest["rows"]:  # featurize.allow_empty: nothing to train on
+        raise DatasetError(f"{data_dir}: the dataset has no rows (featurized from {manifest.get('lines', 0)} lines); "
+                           "nothing to train on")
     t = cfg.train
     init_model = resolve_model(t.init_model) if t.init_model else ""  # once: a pointer may move
     if init_model:
@@ -125,6 +155,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
             raise modeldir.ModelError(f"train.init_model {t.init_model}: its feature spec differs from the data's ({detail})")
     params = solver_params(cfg)
     shards = plan_shards(data_dir, t.workers, manifest)
+    memory = _memory_preflight(spark, cfg, manifest, shards, int(spec["bits"]), bool(init_model))
     ckpt = checkpoint_dir(cfg, model_dir)
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     made_ckpt = _open_checkpoints(ckpt, run_id)
@@ -150,7 +181,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
                               no_retry=DETERMINISTIC_ERRORS, on_attempt=_fenced(ckpt, monitor.attach))
     except BarrierError as e:
         fsutil.delete(staging)
-        raise TrainError(str(e)) from None
+        raise TrainError(str(e), e.attempts) from None
     rank0 = next(r for r in res.results if r["rank"] == 0)
     per_rank = [{k: r[k] for k in ("rank", "shard", "attempt_id", "spare", "rows", "nnz", "holdout_rows",
                                    "csr_bytes", "read_s", "warm_wait_s", "seconds", "resumed_from_pass", "peak_rss_bytes",
@@ -165,6 +196,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
         "history": rank0["history"],
         "per_rank": per_rank,
         "data": {"dataset": fsutil.normalize(data_dir), "rows": manifest["rows"], **rank0["totals"]},
+        "memory_estimate": memory,
         "attempts": res.attempts,
         "tasks": [{k: v for k, v in x.items() if k != "result"} for x in res.tasks],
         "train_seconds": time.perf_counter() - t0,

@@ -110,16 +110,18 @@ def _progress_hook(ctx, spec: TaskSpec):
 
 
 def _read(spec: TaskSpec, ctx):
+    """(training rows, held-out rows or None, bytes of the shard as read). With held-out rows both
+    halves are copies: the shard as read is dropped here, so a rank keeps one CSR, not two."""
     data = read_csr(list(spec.shards[ctx.shard]), spec.n_features)
     train_data, holdout = data.split_holdout(spec.holdout_period)
-    return data, train_data, holdout
+    return train_data, holdout, data.nbytes
 
 
 def run_train_task(ctx, spec: TaskSpec) -> dict:
     t0 = time.perf_counter()
     # load the solver's compiled kernels while pyarrow reads the shard (solvers.warmup)
     warming = start_warm_up(spec.params, spec.holdout_period, bool(spec.groups_path))
-    data, train_data, holdout = _read(spec, ctx)
+    train_data, holdout, csr_bytes = _read(spec, ctx)
     read_s = time.perf_counter() - t0
     if warming is not None:
         warming.join()
@@ -183,17 +185,17 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
         except ResumeRestart as r:
             # ranks started from different passes: all restart from the one every rank holds,
             # on fresh data (L-BFGS renumbers the consumed shard in place)
-            del data, train_data, holdout, resume
+            del train_data, holdout, resume
             resume = _load_pass(spec, ctx.shard, ctx.attempt, r.pass_no)
             resumed_from = r.pass_no
-            data, train_data, holdout = _read(spec, ctx)
+            train_data, holdout, _ = _read(spec, ctx)
             result = fit(resume)
         counts = comm.allreduce_scalars([train_data.n_rows, train_data.nnz,
-                                         0 if holdout is None else holdout.n_rows, float(data.nbytes)])
+                                         0 if holdout is None else holdout.n_rows, float(csr_bytes)])
     out = {
         "shard": ctx.shard, "rank": comm.rank, "attempt_id": ctx.attempt_id, "spare": ctx.is_spare,
         "rows": train_data.n_rows, "nnz": train_data.nnz, "holdout_rows": 0 if holdout is None else holdout.n_rows,
-        "csr_bytes": data.nbytes, "read_s": read_s, "warm_wait_s": warm_wait_s, "seconds": time.perf_counter() - t0,
+        "csr_bytes": csr_bytes, "read_s": read_s, "warm_wait_s": warm_wait_s, "seconds": time.perf_counter() - t0,
         "resumed_from_pass": resumed_from,
         "peak_rss_bytes": _peak_rss(),
         "numpy_madvise_hugepage": os.environ.get("NUMPY_MADVISE_HUGEPAGE"),  # jobs.session.EXECUTOR_ENV

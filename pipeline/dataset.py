@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline import fsutil
-from pipeline.manifest import dataset_files, read_manifest
+from pipeline.manifest import MANIFEST, dataset_files, read_manifest
+from pipeline.verify import Footer, check_footers, read_row_groups
 from solvers.data import CSRData
 
 COLUMNS = ["label", "weight", "indices", "values"]
@@ -36,25 +36,23 @@ class ShardPart:
         return cls(v[0], tuple(v[1]), int(v[2]), int(v[3]))
 
 
-def _row_groups(path: str, file_rows: int, file_nnz: int) -> list[ShardPart]:
-    fs, inner = fsutil.resolve(path)
-    with fs.open_input_file(inner) as f:
-        md = pq.ParquetFile(f).metadata
+def _row_groups(footer: Footer, file_rows: int, file_nnz: int) -> list[ShardPart]:
     per_row = file_nnz / file_rows if file_rows else 0.0
-    return [ShardPart(path, (g,), md.row_group(g).num_rows, round(md.row_group(g).num_rows * per_row))
-            for g in range(md.num_row_groups)]
+    return [ShardPart(footer.path, (g,), n, round(n * per_row)) for g, n in enumerate(footer.rows)]
 
 
 def plan_shards(dataset_dir: str, k: int, manifest: dict | None = None) -> list[list[ShardPart]]:
     """Split the dataset's row groups into ``k`` shards balanced by non-zeros (LPT).
 
     A shard may come out empty when the dataset has fewer row groups than ``k``; an empty shard
-    is a legal participant (it contributes nothing to the sums).
+    is a legal participant (it contributes nothing to the sums). Every file's footer is checked
+    against the manifest first (``pipeline.verify``: raises DataFileError naming the file).
     """
     m = manifest if manifest is not None else read_manifest(dataset_dir)
+    footers = check_footers(dataset_files(dataset_dir, m), m, fsutil.join(fsutil.normalize(dataset_dir), MANIFEST))
     parts: list[ShardPart] = []
-    for f, path in zip(m["files"], dataset_files(dataset_dir, m), strict=True):
-        parts.extend(_row_groups(path, f["rows"], f["nnz"]))
+    for f, footer in zip(m["files"], footers, strict=True):
+        parts.extend(_row_groups(footer, f["rows"], f["nnz"]))
     shards: list[list[ShardPart]] = [[] for _ in range(k)]
     heap = [(0, i) for i in range(k)]
     for p in sorted(parts, key=lambda p: (-p.nnz_estimate, p.path, p.row_groups)):
@@ -67,11 +65,7 @@ def plan_shards(dataset_dir: str, k: int, manifest: dict | None = None) -> list[
 
 
 def _table(part: ShardPart) -> pa.Table:
-    fs, inner = fsutil.resolve(part.path)
-    with fs.open_input_file(inner) as f:
-        pf = pq.ParquetFile(f)
-        names = [c for c in COLUMNS if c in pf.schema_arrow.names]
-        return pf.read_row_groups(list(part.row_groups), columns=names)
+    return read_row_groups(part.path, part.row_groups, COLUMNS)  # a bad file: DataFileError
 
 
 def read_csr(parts: list[ShardPart], n_features: int) -> CSRData:

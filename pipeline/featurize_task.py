@@ -133,7 +133,10 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
     writer = pq.ParquetWriter(
         data_inner, OUTPUT_SCHEMA, filesystem=fs, compression=codec,
         use_dictionary=False,  # hashed indices are near-random: dictionaries only cost time
-        write_statistics=["label", "weight"],  # min/max of hashed indices prune nothing
+        # min/max of hashed indices prune nothing, but the statistics' null count gives each row
+        # group's non-zeros (num_values - null_count), checked against the manifest (pipeline.verify)
+        write_statistics=["label", "weight", "indices.list.element"],
+        write_page_checksum=True,  # a flipped byte in a page is an error on read, not silently wrong data
     )
 
     def flush() -> None:

@@ -40,6 +40,32 @@ class FeaturizeError(RuntimeError):
     """The featurize job failed; the message says where."""
 
 
+class EmptyInputError(FeaturizeError, fsutil.InputError):
+    """The inputs hold no line, or no line became a row (``featurize.allow_empty`` is off)."""
+
+
+def check_not_empty(per_input: list[dict], allow_empty: bool) -> None:
+    """Refuse a dataset of 0 rows unless ``allow_empty``; ``per_input``: ``merge_inputs`` records
+    (or, before Spark, ``{"path", "bytes"}`` records: every input has 0 bytes, so no line)."""
+    if allow_empty:
+        return
+    if all("bytes" in p for p in per_input):
+        if any(p["bytes"] for p in per_input):
+            return
+        names = ", ".join(p["path"] for p in per_input)
+        raise EmptyInputError(f"featurize: the inputs hold no line ({len(per_input)} files of 0 bytes: {names}); "
+                              "set featurize.allow_empty=true to commit an empty dataset")
+    if sum(p["rows"] for p in per_input) > 0:
+        return
+    lines = sum(p["lines"] for p in per_input)
+    detail = "; ".join(f"{p['path']}: {p['lines']} lines, {p['quarantined']} quarantined"
+                       + (f" ({', '.join(f'{k}={v}' for k, v in sorted(p['by_reason'].items()))})" if p["by_reason"] else "")
+                       for p in per_input)
+    what = "the inputs hold no line" if lines == 0 else f"none of the {lines} lines became a row"
+    raise EmptyInputError(f"featurize: {what} ({detail}); nothing committed; set featurize.allow_empty=true "
+                          "to commit an empty dataset")
+
+
 def _attempt_tag() -> str:
     from pyspark import TaskContext
 
@@ -109,6 +135,7 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
     ranges = plan_ranges(files, n_tasks)
     log.info("featurize: %d input files, %d bytes, %d ranges -> %d tasks", len(files),
              sum(f.size for f in files), len(ranges), n_tasks)
+    check_not_empty([{"path": f.uri, "bytes": f.size} for f in files], fconf.allow_empty)  # before any Spark job
     pieces = _pieces(sc, ranges, files)
     plan = [[pieces[(r.uri, r.cut_index)] for r in task] for task in assign(ranges, n_tasks)]
     plan = [[p for p in task if p.gzip or p.end > p.start] for task in plan]  # drop empty aligned pieces
@@ -145,6 +172,11 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
         raise FeaturizeError(f"featurize failed: {task_error_summary(e)}") from e
     finally:
         sc.setJobDescription(None)
+    try:
+        check_not_empty(merge_inputs(results, [f.uri for f in files]), fconf.allow_empty)
+    except EmptyInputError:
+        fsutil.delete(staging)
+        raise
     try:
         group_map = _merge_groups(sc, spec, results)
     except Exception as e:  # noqa: BLE001 - as above

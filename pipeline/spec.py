@@ -22,6 +22,21 @@ import mmh3
 
 SPEC_VERSION = 1
 
+#: The largest hash space, 2^30 buckets: one limit for featurize (``featurize.bits``), the ML API
+#: and train. The solvers index features with int32 (n_features <= 2^31 - 1, ``solvers.shard``).
+MAX_BITS = 30
+
+
+def check_bits(bits: object, what: str) -> int:
+    """``bits`` as an int in [1, MAX_BITS]; else a ValueError naming ``what`` and the limit."""
+    from pipeline.manifest import DatasetError
+
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= MAX_BITS:
+        raise DatasetError(f"{what} = {bits!r}: must be an integer in [1, {MAX_BITS}] (2^bits features, "
+                           "indexed by int32 in the solvers); re-featurize with featurize.bits <= "
+                           f"{MAX_BITS}")
+    return bits
+
 
 @dataclass(frozen=True)
 class FeatureSpec:

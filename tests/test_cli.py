@@ -19,7 +19,7 @@ BIN = Path(sys.executable).parent
 def test_config_errors_exit_2_and_name_the_key(capsys):
     assert main(["config", "--set", "featurize.bits=40"]) == 2
     err = capsys.readouterr().err
-    assert "terascale config: error: featurize.bits = 40: must be an integer in [1, 31]" in err
+    assert "terascale config: error: featurize.bits = 40: must be an integer in [1, 30]" in err
 
 
 def test_config_defaults_prints_the_documented_file(capsys):

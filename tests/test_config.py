@@ -54,7 +54,7 @@ def test_set_parses_by_type():
     "sets, message",
     [
         (["featurize.bit=3"], "unknown configuration key 'featurize.bit' (did you mean 'featurize.bits'?)"),
-        (["featurize.bits=40"], "featurize.bits = 40: must be an integer in [1, 31]"),
+        (["featurize.bits=40"], "featurize.bits = 40: must be an integer in [1, 30]"),
         (["featurize.bits=abc"], "featurize.bits = 'abc': must be an integer"),
         (["featurize.format=csv"], "featurize.format = 'csv': must be one of 'criteo', 'libsvm'"),
         (["train.solver=sgd"], "train.solver = 'sgd': must be one of 'hybrid', 'online', 'lbfgs', 'cocoa'"),
