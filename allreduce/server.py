@@ -244,6 +244,11 @@ class TreeServer:
         with self._cond:
             return {s: w.attempt_id for s, w in sorted(self._survivors.items())}
 
+    def endpoints(self) -> dict[int, tuple[str, int]]:
+        """``{shard: (host, port)}``: where each registered survivor listens for its children."""
+        with self._cond:
+            return {s: w.registered for s, w in sorted(self._survivors.items()) if w.registered}
+
     def progress(self) -> list[ProgressReport]:
         """The latest PROGRESS of every (shard, attempt) heard from, sorted by shard."""
         now = time.monotonic()
