@@ -50,10 +50,11 @@ _ACCEPT_BATCH = 256  # accepts per wake-up, so reading HELLOs is never starved b
 
 
 class _Pending:
-    __slots__ = ("sock", "addr", "source", "deadline", "buf", "need")
+    __slots__ = ("sock", "fd", "addr", "source", "deadline", "buf", "need")
 
     def __init__(self, sock: socket.socket, addr: Any, deadline: float) -> None:
         self.sock = sock
+        self.fd = sock.fileno()  # the key in the pending set, also once the socket is closed
         self.addr = addr
         self.source = addr[0] if isinstance(addr, tuple) and addr else str(addr)
         self.deadline = deadline
@@ -142,7 +143,7 @@ class Acceptor:
                             return
                         if k.fileobj is self._listener:
                             self._accept_some()
-                        elif self._pending.get(k.fileobj.fileno()) is k.data:
+                        elif k.data is not None and self._pending.get(k.data.fd) is k.data:
                             self._read(k.data)
                     self._expire()
                     self._report()
@@ -176,11 +177,15 @@ class Acceptor:
             except OSError:
                 sock.close()
                 continue
-            while self._per_source[p.source] >= self._max_per_source:
-                self._reject(self._victim(p.source), "over the per-source bound", evicted=True)
-            while len(self._pending) >= self._max_pending:
-                self._reject(self._victim(None), "over the bound", evicted=True)
-            self._pending[sock.fileno()] = p
+            while self._per_source[p.source] >= self._max_per_source and self._reject(
+                self._victim(p.source), "over the per-source bound", evicted=True
+            ):
+                pass
+            while len(self._pending) >= self._max_pending and self._reject(
+                self._victim(None), "over the bound", evicted=True
+            ):
+                pass
+            self._pending[p.fd] = p
             self._per_source[p.source] += 1
             self.peak_pending = max(self.peak_pending, len(self._pending))
             assert self._sel is not None
@@ -274,7 +279,7 @@ class Acceptor:
     # -- bookkeeping ---------------------------------------------------------------------------
 
     def _forget(self, p: _Pending) -> None:
-        if self._pending.pop(p.sock.fileno(), None) is not None:
+        if self._pending.pop(p.fd, None) is not None:
             self._per_source[p.source] -= 1
             if not self._per_source[p.source]:
                 del self._per_source[p.source]
@@ -288,11 +293,12 @@ class Acceptor:
         self._forget(p)
         p.sock.close()
 
-    def _reject(self, p: _Pending | None, why: str, *, evicted: bool = False) -> None:
+    def _reject(self, p: _Pending | None, why: str, *, evicted: bool = False) -> bool:
         if p is None:
-            return
+            return False
         self._count(p, why, evicted=evicted)  # first: the peer may look as soon as it is closed
         self._drop(p)
+        return True
 
     def _count(self, p: _Pending, why: str, *, evicted: bool) -> None:
         self.rejected += 1

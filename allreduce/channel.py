@@ -263,6 +263,8 @@ class Channel:
         The fd is non-blocking (the socket has a timeout), so ``os.write`` never waits, where
         ``socket.send`` would wait up to the timeout for room.
         """
+        if self._closed:
+            return False
         try:
             n = os.write(self.sock.fileno(), data)
         except (BlockingIOError, InterruptedError):
@@ -505,8 +507,15 @@ class Channel:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self.shutdown()
-            self.sock.close()
+            self.shutdown()  # wakes a blocked sender, which then lets go of the send lock
+            # send_heartbeat writes to the raw fd under the send lock: close the fd only when
+            # no heartbeat is being written, so a reused fd number is never written to
+            locked = self._send_lock.acquire(timeout=1.0)
+            try:
+                self.sock.close()
+            finally:
+                if locked:
+                    self._send_lock.release()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -279,13 +279,13 @@ class TreeNode(Communicator):
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
+        self._stop.set()  # first: the heartbeat thread must not touch a closed link
+        if self._beat is not None and self._beat is not threading.current_thread():
+            self._beat.join(timeout=5.0)
         if error is not None and self._broken is None:
             self._abort_links(error)
         for chan in self._links():
             chan.close()
-        if self._beat is not None and self._beat is not threading.current_thread():
-            self._beat.join(timeout=5.0)
 
     # -- the pipelined collective ----------------------------------------------------------
 
