@@ -32,8 +32,10 @@ KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
 MAX_SEQ = 2**64 - 1
 # The decoder's main fuzz runs 10,000 examples; its variations and the socket fuzz fewer each.
-FUZZ_MAIN = settings(max_examples=10_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-FUZZ = settings(max_examples=2_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Deadlines are per example: decoding takes microseconds, a socket read ends within READ_BOUND_S.
+FUZZ_MAIN = settings(max_examples=10_000, deadline=1000, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=2_000, deadline=1000, suppress_health_check=[HealthCheck.too_slow])
+FUZZ_SOCKET = settings(max_examples=2_000, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _frame(msg_type=MsgType.UP_F32, seq=1, payload=b"\x00" * 16, key=KEY) -> bytes:
@@ -281,6 +283,38 @@ class _Recorder:
         return getattr(self._sock, name)
 
 
+@pytest.mark.parametrize("taken_by", ["reader", "poll_heartbeats"])
+def test_heartbeats_are_skipped_and_a_replayed_or_forged_one_is_rejected(taken_by):
+    ca, cb = _channel_pair()
+    ca.enable_liveness(1.0)
+    cb.enable_liveness(1.0)
+    real = ca.sock
+    ca.send_heartbeat()
+    ca.send(MsgType.UP_F32, b"\x01" * 8)
+    out = bytearray(8)
+    if taken_by == "poll_heartbeats":
+        time.sleep(0.05)
+        cb.poll_heartbeats()  # takes the heartbeat, leaves the data frame for the reader
+    cb.recv_data_into(MsgType.UP_F32, memoryview(out))
+    assert bytes(out) == b"\x01" * 8
+    # a replayed heartbeat (sequence number 1 again) and a forged one are both refused
+    replay = proto.pack_header(MsgType.HEARTBEAT, 1, 0)
+    real.sendall(replay + proto.Mac(b"A" * 32).tag(replay))
+    if taken_by == "poll_heartbeats":
+        time.sleep(0.05)
+        cb.poll_heartbeats()  # keeps the error for the next receive
+    with pytest.raises(ProtocolError, match="replayed"):
+        cb.recv_data_into(MsgType.UP_F32, memoryview(out))
+    ca2, cb2 = _channel_pair()
+    cb2.enable_liveness(1.0)
+    forged = proto.pack_header(MsgType.HEARTBEAT, 1, 0)
+    ca2.sock.sendall(forged + b"\x00" * 32)
+    with pytest.raises(AuthError):
+        cb2.recv_data_into(MsgType.UP_F32, memoryview(out))
+    for c in (ca, cb, ca2, cb2):
+        c.close()
+
+
 def test_wrong_length_or_type_is_protocol_error_naming_the_rank():
     ca, cb = _channel_pair()
     ca.send(MsgType.UP_F32, b"\x00" * 8)
@@ -458,7 +492,7 @@ def _streams(draw):
     return bytes(data), draw(st.sampled_from([True, True, True, False]))
 
 
-@FUZZ
+@FUZZ_SOCKET
 @given(stream=_streams(), reader=st.sampled_from(["data", "control"]), live=st.booleans())
 @example(stream=(proto.pack_header(MsgType.UP_F32, 1, 2**32 - 1), False), reader="data", live=True)
 @example(stream=(proto.pack_header(MsgType.ABORT, 1, 2**16), True), reader="data", live=False)
@@ -525,7 +559,7 @@ def acceptor():
     acc.close()
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.binary(max_size=300), mutate=st.booleans(), close=st.sampled_from([True, True, False]))
 @example(data=proto.pack_header(MsgType.HELLO, 0, 2**32 - 1), mutate=False, close=False)
 @example(data=proto.pack_header(MsgType.HELLO, 0, proto.HELLO_MAX_BYTES + 1), mutate=False, close=False)
