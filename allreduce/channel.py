@@ -8,9 +8,10 @@ Handshake (both HELLO frames have sequence number 0 and are keyed by the attempt
 The server only answers a valid HELLO (at most ``HELLO_MAX_BYTES``) that arrived within
 ``handshake_timeout_s`` (a deadline for the whole frame, so trickling bytes does not help) and
 that its ``accept`` callback approves; anything else (silence, random bytes, an HTTP request,
-the wrong key) is closed without an answer. Clients retry refused or unanswered tries with
-backoff (:func:`connect_authenticated`); listeners accept with :mod:`allreduce.acceptor`. Both sides then switch to session keys derived from both nonces
-(:func:`~allreduce.protocol.derive_session_keys`) and count sequence numbers from 1.
+the wrong key) is closed without an answer. Both sides then switch to session keys derived from
+both nonces (:func:`~allreduce.protocol.derive_session_keys`) and count sequence numbers from 1.
+Clients retry refused or unanswered tries with backoff (:func:`connect_authenticated`);
+listeners accept with :mod:`allreduce.acceptor`.
 
 A :class:`Channel` is full duplex: one thread may send while another receives. Data frames are
 sent with scatter/gather I/O from the caller's buffer and received into a preallocated buffer

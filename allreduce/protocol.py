@@ -16,6 +16,9 @@ handshake, then a per-connection, per-direction session key derived from it and 
 sides' nonces (:func:`derive_session_keys`), so a frame recorded on one connection, or sent in
 one direction, is not valid on another.
 
+A HEARTBEAT (tree neighbours, see :mod:`allreduce.node`) has no payload: a header and a tag,
+authenticated and sequenced like every frame, so it cannot be forged or replayed.
+
 Payloads are raw bytes: numeric data as explicit little-endian IEEE-754 (``<f4`` / ``<f8``),
 control messages as small UTF-8 JSON objects. Nothing is ever unpickled. The declared length is
 checked against the frame limit (and the much smaller control limit for control types) before
@@ -53,7 +56,7 @@ MAX_SEQ = (1 << 64) - 1
 MAX_LENGTH = (1 << 32) - 1
 CONTROL_MAX_BYTES = 64 * 1024
 HELLO_MAX_BYTES = 4096  # a HELLO is a few hundred bytes; an unauthenticated peer gets no more
-HEARTBEAT_FRAME_BYTES = 18 + 32  # header + tag: a heartbeat has no payload
+HEARTBEAT_FRAME_BYTES = HEADER_BYTES + TAG_BYTES  # a heartbeat has no payload
 DEFAULT_MAX_FRAME_BYTES = 1 << 28
 
 
