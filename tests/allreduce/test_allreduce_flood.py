@@ -177,3 +177,121 @@ def test_a_thousand_idle_connections_do_not_lock_workers_out(key):
     assert held_peak <= PER_SOURCE and peak["pending"] <= PER_SOURCE
     assert peak["threads"] - base_threads <= 3 * K
     assert peak["rss"] - base_rss < 32 * 2**20
+
+
+# ---------------------------------------------------------------------------------------------
+# The pieces: eviction order, the handshake timeout, the client's retries
+
+
+def _listener_with_acceptor(key, **bounds):
+    from allreduce.acceptor import Acceptor
+    from allreduce.channel import open_listener
+
+    linked = []
+    acc = Acceptor(
+        open_listener("127.0.0.1"), key, name="test", role="parent", expect_role="child",
+        accept=lambda hello: (hello["rank"], None, {"rank": 0}),
+        on_channel=lambda chan, hello: linked.append(chan), io_timeout_s=2.0, **bounds,
+    ).start()
+    return acc, linked
+
+
+def _closed_by_server(sock: socket.socket, timeout: float = 2.0) -> bool:
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_over_the_per_source_bound_the_oldest_silent_connection_makes_room(key):
+    from allreduce.channel import connect_authenticated
+
+    acc, linked = _listener_with_acceptor(key, handshake_timeout_s=30.0, max_pending_per_source=4)
+    addr = acc._listener.getsockname()
+    try:
+        talker = socket.create_connection(addr)
+        talker.sendall(b"TSAR")  # started a header: not silent
+        silent = [socket.create_connection(addr) for _ in range(3)]
+        deadline = time.monotonic() + 5
+        while acc.pending < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert acc.pending == 4
+        # the bound is full; a legitimate child still links, at the cost of the oldest silent one
+        chan, reply = connect_authenticated(
+            addr, key, role="child", expect_role="parent", info={"rank": 1}, rank=0, peer=None,
+            connect_timeout_s=5.0, handshake_timeout_s=5.0, io_timeout_s=5.0,
+        )
+        assert reply["rank"] == 0
+        assert _closed_by_server(silent[0])
+        assert not _closed_by_server(silent[1], 0.2) and not _closed_by_server(talker, 0.2)
+        assert acc.evicted == 1 and acc.peak_pending == 4
+        more = [socket.create_connection(addr) for _ in range(3)]  # 3 + 3 > 4: two must go
+        assert _closed_by_server(silent[1]) and _closed_by_server(silent[2])
+        assert not _closed_by_server(talker, 0.2)  # it spoke: silent ones go first
+        assert not any(_closed_by_server(m, 0.1) for m in more)
+        assert acc.pending == 4 and acc.evicted == 3 and acc.peak_pending == 4
+        chan.close()
+        for s in [talker, *silent, *more]:
+            s.close()
+    finally:
+        acc.close()
+        for c in linked:
+            c.close()
+
+
+def test_silent_connections_are_closed_at_the_handshake_timeout(key):
+    acc, _ = _listener_with_acceptor(key, handshake_timeout_s=0.3)
+    try:
+        t0 = time.monotonic()
+        socks = [socket.create_connection(acc._listener.getsockname()) for _ in range(20)]
+        assert all(_closed_by_server(s) for s in socks)
+        assert 0.25 < time.monotonic() - t0 < 2.0 and acc.rejected == 20 and acc.evicted == 0
+        for s in socks:
+            s.close()
+    finally:
+        acc.close()
+
+
+def test_workers_retry_connecting_with_backoff_within_the_connect_timeout(key):
+    from allreduce.acceptor import Acceptor
+    from allreduce.channel import connect_authenticated
+    from allreduce.errors import PeerLost
+
+    # bound but not listening yet: connections are refused until it listens, 0.5 s later
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    addr = sock.getsockname()
+    linked = []
+
+    def open_later():
+        time.sleep(0.5)
+        sock.listen(16)
+        Acceptor(sock, key, name="late", role="parent", expect_role="child",
+                 accept=lambda hello: (1, None, {"rank": 0}), on_channel=lambda c, h: linked.append(c),
+                 handshake_timeout_s=2.0, io_timeout_s=2.0).start()
+
+    threading.Thread(target=open_later, daemon=True).start()
+    t0 = time.monotonic()
+    chan, reply = connect_authenticated(
+        addr, key, role="child", expect_role="parent", info={"rank": 1}, rank=0, peer=None,
+        connect_timeout_s=10.0, handshake_timeout_s=2.0, io_timeout_s=2.0,
+    )
+    assert reply["rank"] == 0 and 0.45 < time.monotonic() - t0 < 5.0
+    chan.close()
+    # nobody ever listens: the error says how long and how many tries
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    t0 = time.monotonic()
+    try:
+        connect_authenticated(
+            dead.getsockname(), key, role="child", expect_role="parent", info={"rank": 1}, rank=0,
+            peer=None, connect_timeout_s=0.5, handshake_timeout_s=1.0, io_timeout_s=1.0,
+        )
+        raise AssertionError("connected to nothing")
+    except PeerLost as exc:
+        assert exc.rank == 0 and "rank 0" in str(exc) and "tries in 0.5 s" in str(exc), str(exc)
+    assert 0.45 < time.monotonic() - t0 < 1.5
+    dead.close()
