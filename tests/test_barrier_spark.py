@@ -75,7 +75,7 @@ def test_slow_rank_under_a_connection_flood_in_a_real_barrier_job(spark):
     flooders = []
 
     def on_attempt(server, attempt):
-        p = ctx.Process(target=_flood, args=([(*server.address, 1000)], ready, stop, out), daemon=True)
+        p = ctx.Process(target=_flood, args=([(*server.address, 1000)], ready, stop, out, 20), daemon=True)
         p.start()
         flooders.append(p)
         assert ready.wait(30)

@@ -39,10 +39,10 @@ def _raise_fd_limit(need: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (need if hard == resource.RLIM_INFINITY else min(need, hard), hard))
 
 
-def _flood(targets, ready, stop, out) -> None:
+def _flood(targets, ready, stop, out, reopen_per_tick: int = 200) -> None:
     """Hold ``count`` idle connections to each ``(host, port, count)``, reopening closed ones
-    (at most 200 per 20 ms), until ``stop``; report what happened on ``out`` (``max_held``: the
-    most open at once after the listeners' closes were seen)."""
+    (at most ``reopen_per_tick`` per 20 ms), until ``stop``; report what happened on ``out``
+    (``max_held``: the most open at once after the listeners' closes were seen)."""
     _raise_fd_limit(sum(c for _, _, c in targets) + 256)
     poller = select.poll()
     socks: dict[int, tuple[socket.socket, int]] = {}
@@ -70,15 +70,18 @@ def _flood(targets, ready, stop, out) -> None:
 
     refill(10**9)
     ready.set()
+    next_refill = time.monotonic()
     while not stop.is_set():
-        for fd, _ in poller.poll(20):
+        for fd, _ in poller.poll(max(next_refill - time.monotonic(), 0.0) * 1000):
             s, i = socks.pop(fd)
             poller.unregister(fd)
             s.close()
             stats["closed_by_peer"][i] += 1
             missing[i] += 1
         stats["max_held"] = max(stats["max_held"], len(socks))
-        refill(200)
+        if time.monotonic() >= next_refill:
+            refill(reopen_per_tick)
+            next_refill = time.monotonic() + 0.02
     for s, _ in socks.values():
         s.close()
     out.put(stats)
