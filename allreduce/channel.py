@@ -5,21 +5,32 @@ Handshake (both HELLO frames have sequence number 0 and are keyed by the attempt
     client -> server  HELLO {"proto", "role", "nonce", ...identity}
     server -> client  HELLO {"proto", "role", "nonce", "echo": client nonce, ...}
 
-The server only answers a valid HELLO that arrived within ``handshake_timeout_s`` (a deadline
-for the whole frame, so trickling bytes does not help) and that its ``accept`` callback
-approves; anything else (silence, random bytes, an HTTP request, the wrong key) is closed
-without an answer. Both sides then switch to session keys derived from both nonces
-(:func:`~allreduce.protocol.derive_session_keys`) and count sequence numbers from 1.
+The server only answers a valid HELLO (at most ``HELLO_MAX_BYTES``) that arrived within
+``handshake_timeout_s`` (a deadline for the whole frame, so trickling bytes does not help) and
+that its ``accept`` callback approves; anything else (silence, random bytes, an HTTP request,
+the wrong key) is closed without an answer. Both sides then switch to session keys derived from
+both nonces (:func:`~allreduce.protocol.derive_session_keys`) and count sequence numbers from 1.
+Clients retry refused or unanswered tries with backoff (:func:`connect_authenticated`);
+listeners accept with :mod:`allreduce.acceptor`.
 
 A :class:`Channel` is full duplex: one thread may send while another receives. Data frames are
 sent with scatter/gather I/O from the caller's buffer and received into a preallocated buffer
 whose exact length is known in advance, so a data frame never causes an allocation.
+
+Liveness (tree links, :meth:`Channel.enable_liveness`): HEARTBEAT frames (empty, authenticated
+and sequenced like every frame) are sent on an idle link by :meth:`Channel.send_heartbeat` and
+taken by whoever reads: a collective's receive, which skips them, or
+:meth:`Channel.poll_heartbeats` while nobody reads. A blocked send or receive then waits as
+long as the peer is heard from, and gives up after ``heartbeat_timeout_s`` of silence.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import random
 import secrets
+import select
 import selectors
 import socket
 import threading
@@ -29,10 +40,8 @@ from typing import Any
 
 from . import protocol as proto
 from .errors import (
-    AllreduceError,
     AuthError,
     PeerAborted,
-    PeerError,
     PeerLost,
     PeerTimeout,
     ProtocolError,
@@ -150,9 +159,17 @@ class Channel:
         self._send_seq = first_seq
         self._recv_seq = first_seq
         self._send_lock = threading.Lock()
+        self._recv_lock = threading.Lock()  # one reader at a time: a collective or poll_heartbeats
         self._header_buf = bytearray(proto.HEADER_BYTES)
         self._tag_buf = bytearray(proto.TAG_BYTES)
         self._closed = False
+        # liveness (tree links only, see enable_liveness): None = every call bounded by io_timeout_s
+        self._heartbeat_timeout_s: float | None = None
+        self._max_wait_s = float("inf")
+        self._tail = b""  # the unsent end of a heartbeat that did not fit in the socket buffer
+        self._failed: BaseException | None = None  # a bad frame found by poll_heartbeats
+        self.last_heard = time.monotonic()  # when the peer last proved it is alive
+        self._last_sent = time.monotonic()
         self.set_timeout(io_timeout_s)
 
     @property
@@ -162,6 +179,151 @@ class Channel:
     def set_timeout(self, timeout_s: float) -> None:
         """Bound every later blocking send/receive on this link (call while the link is idle)."""
         self.sock.settimeout(timeout_s)
+
+    # -- liveness --------------------------------------------------------------------------
+
+    def enable_liveness(self, heartbeat_timeout_s: float, max_wait_s: float | None = None) -> None:
+        """Wait on this link for as long as the peer is alive (call once, while idle).
+
+        From now on a blocking send or receive gives up only when nothing at all (no byte of
+        data, no heartbeat) has come from the peer for ``heartbeat_timeout_s`` (PeerTimeout:
+        frozen, or cut off), when the connection closes (PeerLost), or after ``max_wait_s`` in
+        one call although the peer is alive (PeerTimeout: alive but stuck). The peer must send
+        :meth:`send_heartbeat` at intervals well below ``heartbeat_timeout_s``; frames that
+        arrive while nobody reads are taken by :meth:`poll_heartbeats`.
+        """
+        if not heartbeat_timeout_s > 0:
+            raise ValueError(f"heartbeat_timeout_s must be positive, got {heartbeat_timeout_s!r}")
+        self._heartbeat_timeout_s = float(heartbeat_timeout_s)
+        self._max_wait_s = float("inf") if max_wait_s is None else float(max_wait_s)
+        self.last_heard = time.monotonic()
+        # blocking calls wake up this often to check liveness; a timeout also keeps the fd in
+        # non-blocking mode, which send_heartbeat relies on
+        self.sock.settimeout(min(self._heartbeat_timeout_s / 8, 1.0))
+
+    def _stall(self, what: str, *, receiving: bool) -> Callable[[int], None]:
+        """The check a blocked call on a live link runs each time its socket times out."""
+        start = time.monotonic()
+        seen = [0]
+        hb = self._heartbeat_timeout_s
+        assert hb is not None
+
+        def check(done: int) -> None:
+            now = time.monotonic()
+            if receiving and done != seen[0]:  # bytes arrived since the last check
+                seen[0] = done
+                self.last_heard = now
+            elif not receiving:  # a stalled send: the peer's heartbeats wait unread, take them
+                self.poll_heartbeats()
+            if self._closed:
+                raise PeerLost(self.rank, "the link was closed", peer=self.peer)
+            silent = now - self.last_heard
+            if silent >= hb:
+                raise PeerTimeout(
+                    self.rank,
+                    f"nothing heard from it, not even a heartbeat, for {silent:.1f} s while "
+                    f"{what} (allreduce.heartbeat_timeout_s = {hb:g}): the process is frozen "
+                    "or gone, or the network to it is cut",
+                    peer=self.peer,
+                )
+            if now - start >= self._max_wait_s:
+                raise PeerTimeout(
+                    self.rank,
+                    f"alive (its heartbeats arrive) but {what} did not finish within "
+                    f"allreduce.max_wait_s = {self._max_wait_s:g} s",
+                    peer=self.peer,
+                )
+
+        return check
+
+    def send_heartbeat(self, min_interval_s: float = 0.0) -> None:
+        """Send a HEARTBEAT now if the link is idle; never blocks (call from any thread).
+
+        Skipped while another thread is sending (its bytes prove life), when something was
+        sent within ``min_interval_s``, and when the socket buffer is full (the peer is not
+        reading, so it is not waiting for proof of life either). A heartbeat that fits only in
+        part keeps its tail, sent before anything else on the link.
+        """
+        if self._closed or self._heartbeat_timeout_s is None:
+            return
+        if not self._send_lock.acquire(blocking=False):
+            return
+        try:
+            if self._tail and not self._write_nowait(self._tail):
+                return
+            if time.monotonic() - self._last_sent < min_interval_s:
+                return
+            header = proto.pack_header(MsgType.HEARTBEAT, self._send_seq, 0)
+            self._write_nowait(header + self._send_mac.tag(header), new_frame=True)
+        finally:
+            self._send_lock.release()
+
+    def _write_nowait(self, data: bytes, new_frame: bool = False) -> bool:
+        """Write what fits of ``data`` without blocking (send lock held); True if all of it.
+
+        The fd is non-blocking (the socket has a timeout), so ``os.write`` never waits, where
+        ``socket.send`` would wait up to the timeout for room.
+        """
+        if self._closed:
+            return False
+        try:
+            n = os.write(self.sock.fileno(), data)
+        except (BlockingIOError, InterruptedError):
+            return False  # nothing written: a new frame is simply not sent
+        except OSError:
+            return False  # a broken link: the next send or receive reports it
+        if new_frame:
+            self._send_seq += 1
+        self._tail = data[n:]
+        self._last_sent = time.monotonic()
+        return not self._tail
+
+    def poll_heartbeats(self) -> None:
+        """Take the HEARTBEAT frames waiting at the head of the stream; never blocks.
+
+        Runs only while no other thread is receiving on the link (a collective's reader takes
+        heartbeats itself); stops at the first frame that is not a complete heartbeat, leaving
+        it for the reader. A heartbeat is authenticated and sequence-checked like any frame;
+        a bad one is kept and raised by the next receive.
+        """
+        if self._closed or self._failed is not None or not self._recv_lock.acquire(blocking=False):
+            return
+        try:
+            poller = select.poll()
+            poller.register(self.sock.fileno(), select.POLLIN)
+            while poller.poll(0):
+                try:
+                    head = self.sock.recv(proto.HEARTBEAT_FRAME_BYTES, socket.MSG_PEEK)
+                except OSError:
+                    return
+                if len(head) < proto.HEARTBEAT_FRAME_BYTES:
+                    return  # EOF, or not a whole frame yet: the reader will see it
+                try:
+                    header = proto.parse_header(head[: proto.HEADER_BYTES])
+                except ProtocolError:
+                    return
+                if header.msg_type is not MsgType.HEARTBEAT or header.length:
+                    return
+                data = self.sock.recv(proto.HEARTBEAT_FRAME_BYTES)  # what was peeked: no wait
+                try:
+                    if len(data) != proto.HEARTBEAT_FRAME_BYTES:
+                        raise ProtocolError(f"{self.who}: a heartbeat was cut short")
+                    self._check_heartbeat(data[: proto.HEADER_BYTES], header, data[proto.HEADER_BYTES :])
+                except ProtocolError as exc:
+                    self._failed = exc
+                    return
+        except (OSError, ValueError):
+            return
+        finally:
+            self._recv_lock.release()
+
+    def _check_heartbeat(self, header_bytes: Any, header: proto.Header, tag: Any) -> None:
+        if header.length:
+            raise ProtocolError(f"{self.who} sent a HEARTBEAT with a {header.length}-byte payload")
+        proto.verify_tag(self._recv_mac.tag(bytes(header_bytes)), tag, f"a HEARTBEAT from {self.who}")
+        proto.check_seq(header.seq, self._recv_seq, self.who)
+        self._recv_seq += 1
+        self.last_heard = time.monotonic()
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -180,8 +342,15 @@ class Channel:
     def _send_locked(self, msg_type: MsgType, view: memoryview) -> None:
         header = proto.pack_header(msg_type, self._send_seq, len(view))
         tag = self._send_mac.tag(header, view)
-        proto.send_buffers(self.sock, (header, view, tag), rank=self.rank, peer=self.peer)
-        self._send_seq += 1
+        stall = None
+        if self._heartbeat_timeout_s is not None:
+            stall = self._stall(f"sending it a {msg_type.name} frame", receiving=False)
+        tail, self._tail = self._tail, b""
+        self._send_seq += 1  # the frame is cut short only with an error that ends the link
+        proto.send_buffers(
+            self.sock, (tail, header, view, tag), rank=self.rank, peer=self.peer, stall=stall
+        )
+        self._last_sent = time.monotonic()
 
     def send_json(self, msg_type: MsgType, obj: dict[str, Any]) -> None:
         self.send(msg_type, proto.encode_json(obj))
@@ -197,12 +366,13 @@ class Channel:
         try:
             payload = proto.encode_json({"origin": origin, "reason": reason[:1000]})
             header = proto.pack_header(MsgType.ABORT, self._send_seq, len(payload))
-            data = header + payload + self._send_mac.tag(header, payload)
+            data = self._tail + header + payload + self._send_mac.tag(header, payload)
             try:
                 sent = self.sock.send(data, _MSG_DONTWAIT)
             except OSError:
                 return False
             self._send_seq += 1
+            self._tail = b""
             return sent == len(data)
         except ProtocolError:
             return False
@@ -214,61 +384,94 @@ class Channel:
     def recv_control(
         self, allowed: frozenset[MsgType] | set[MsgType]
     ) -> tuple[MsgType, dict[str, Any]]:
-        """Receive one control frame of a type in ``allowed`` and return its parsed JSON."""
+        """Receive one control frame of a type in ``allowed`` and return its parsed JSON.
+
+        HEARTBEAT frames before it are taken (authenticated) and skipped.
+        """
 
         def check(header: proto.Header) -> None:
-            if header.msg_type not in allowed:
+            if header.msg_type not in allowed and header.msg_type is not MsgType.HEARTBEAT:
                 raise ProtocolError(
                     f"{self.who} sent {header.msg_type.name}; expected one of {sorted(t.name for t in allowed)}"
                 )
 
-        frame = proto.read_frame(
-            self.sock,
-            self._recv_mac,
-            expected_seq=self._recv_seq,
-            rank=self.rank,
-            peer=self.peer,
-            max_frame_bytes=self.max_frame_bytes,
-            allowed=check,
-        )
-        self._recv_seq += 1
+        with self._recv_lock:
+            self._check_failed()
+            while True:
+                frame = proto.read_frame(
+                    self.sock,
+                    self._recv_mac,
+                    expected_seq=self._recv_seq,
+                    rank=self.rank,
+                    peer=self.peer,
+                    max_frame_bytes=self.max_frame_bytes,
+                    allowed=check,
+                )
+                self._recv_seq += 1
+                self.last_heard = time.monotonic()
+                if frame.msg_type is not MsgType.HEARTBEAT:
+                    break
+                if frame.payload:
+                    raise ProtocolError(f"{self.who} sent a HEARTBEAT with a payload")
         return frame.msg_type, proto.decode_json(
             frame.payload, f"{frame.msg_type.name} from {self.who}"
         )
+
+    def _check_failed(self) -> None:
+        if self._failed is not None:
+            raise self._failed
 
     def recv_data_into(self, msg_type: MsgType, out: memoryview) -> None:
         """Receive one data frame of type ``msg_type`` whose payload is exactly ``len(out)`` bytes.
 
         The payload lands in ``out`` directly; it must not be used unless this returns (the tag
         is verified last). An ABORT from the peer raises PeerAborted naming the origin rank.
+        On a live link (:meth:`enable_liveness`) HEARTBEAT frames before it are taken and
+        skipped, and the wait lasts as long as they keep coming.
         """
         hbuf = self._header_buf
-        proto.recv_exact(self.sock, memoryview(hbuf), rank=self.rank, peer=self.peer)
-        header = proto.parse_header(hbuf, max_frame_bytes=self.max_frame_bytes)
-        if header.msg_type is MsgType.ABORT:
-            self._raise_abort(header, bytes(hbuf))
-        if header.msg_type is not msg_type:
-            raise ProtocolError(
-                f"{self.who} sent {header.msg_type.name}, expected {msg_type.name} (are all ranks in the same collective?)"
-            )
-        if header.length != len(out):
-            raise ProtocolError(
-                f"{self.who} sent a {msg_type.name} frame of {header.length} bytes, expected {len(out)} "
-                "(do all ranks pass arrays of the same length and use the same chunk_bytes?)"
-            )
-        proto.recv_exact(self.sock, out, rank=self.rank, peer=self.peer)
         tag = self._tag_buf
-        proto.recv_exact(self.sock, memoryview(tag), rank=self.rank, peer=self.peer)
-        proto.verify_tag(
-            self._recv_mac.tag(bytes(hbuf), out), tag, f"a {msg_type.name} frame from {self.who}"
-        )
-        proto.check_seq(header.seq, self._recv_seq, self.who)
-        self._recv_seq += 1
+        rank, peer = self.rank, self.peer
+        with self._recv_lock:
+            self._check_failed()
+            stall = None
+            if self._heartbeat_timeout_s is not None:
+                stall = self._stall(f"waiting for its {msg_type.name} frame", receiving=True)
+            while True:
+                proto.recv_exact(self.sock, memoryview(hbuf), rank=rank, peer=peer, stall=stall)
+                header = proto.parse_header(hbuf, max_frame_bytes=self.max_frame_bytes)
+                if header.msg_type is not MsgType.HEARTBEAT:
+                    break
+                if header.length:
+                    raise ProtocolError(f"{self.who} sent a HEARTBEAT with a {header.length}-byte payload")
+                proto.recv_exact(self.sock, memoryview(tag), rank=rank, peer=peer, stall=stall)
+                self._check_heartbeat(hbuf, header, tag)
+            if header.msg_type is MsgType.ABORT:
+                self._raise_abort(header, bytes(hbuf), stall)
+            if header.msg_type is not msg_type:
+                raise ProtocolError(
+                    f"{self.who} sent {header.msg_type.name}, expected {msg_type.name} (are all ranks in the same collective?)"
+                )
+            if header.length != len(out):
+                raise ProtocolError(
+                    f"{self.who} sent a {msg_type.name} frame of {header.length} bytes, expected {len(out)} "
+                    "(do all ranks pass arrays of the same length and use the same chunk_bytes?)"
+                )
+            proto.recv_exact(self.sock, out, rank=rank, peer=peer, stall=stall)
+            proto.recv_exact(self.sock, memoryview(tag), rank=rank, peer=peer, stall=stall)
+            proto.verify_tag(
+                self._recv_mac.tag(bytes(hbuf), out), tag, f"a {msg_type.name} frame from {self.who}"
+            )
+            proto.check_seq(header.seq, self._recv_seq, self.who)
+            self._recv_seq += 1
+            self.last_heard = time.monotonic()
 
-    def _raise_abort(self, header: proto.Header, header_bytes: bytes) -> None:
-        rest = bytearray(header.length + proto.TAG_BYTES)
+    def _raise_abort(
+        self, header: proto.Header, header_bytes: bytes, stall: Callable[[int], None] | None
+    ) -> None:
+        rest = bytearray(header.length + proto.TAG_BYTES)  # header.length <= CONTROL_MAX_BYTES
         view = memoryview(rest)
-        proto.recv_exact(self.sock, view, rank=self.rank, peer=self.peer)
+        proto.recv_exact(self.sock, view, rank=self.rank, peer=self.peer, stall=stall)
         payload = view[: header.length]
         proto.verify_tag(
             self._recv_mac.tag(header_bytes, payload),
@@ -305,8 +508,15 @@ class Channel:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self.shutdown()
-            self.sock.close()
+            self.shutdown()  # wakes a blocked sender, which then lets go of the send lock
+            # send_heartbeat writes to the raw fd under the send lock: close the fd only when
+            # no heartbeat is being written, so a reused fd number is never written to
+            locked = self._send_lock.acquire(timeout=1.0)
+            try:
+                self.sock.close()
+            finally:
+                if locked:
+                    self._send_lock.release()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,6 +598,14 @@ def client_handshake(
     return chan, reply
 
 
+def check_hello_header(h: proto.Header) -> None:
+    """The first frame of a client must be a small HELLO with sequence number 0."""
+    if h.msg_type is not MsgType.HELLO or h.seq != 0:
+        raise ProtocolError(f"first frame must be HELLO, got {h.msg_type.name}")
+    if h.length > proto.HELLO_MAX_BYTES:
+        raise ProtocolError(f"a HELLO of {h.length} bytes is over the limit {proto.HELLO_MAX_BYTES}")
+
+
 def server_handshake(
     sock: socket.socket,
     key: bytes,
@@ -399,29 +617,46 @@ def server_handshake(
     io_timeout_s: float,
     max_frame_bytes: int = proto.DEFAULT_MAX_FRAME_BYTES,
 ) -> tuple[Channel, dict[str, Any]]:
-    """Authenticate an accepted socket as the server side.
+    """Authenticate an accepted socket as the server side (blocking; the
+    :class:`~allreduce.acceptor.Acceptor` reads HELLOs without blocking, then calls
+    :func:`answer_hello`).
 
     ``accept(client_hello)`` returns ``(rank, peer_name, reply_info)`` for a welcome peer or
     raises to refuse it; it runs only after the HELLO is authenticated.
     """
-    mac = proto.Mac(key)
     deadline = time.monotonic() + handshake_timeout_s
-
-    def only_hello(h: proto.Header) -> None:
-        if h.msg_type is not MsgType.HELLO or h.seq != 0:
-            raise ProtocolError(f"first frame must be HELLO, got {h.msg_type.name}")
-
-    frame = proto.read_frame(
-        sock,
-        mac,
-        expected_seq=0,
-        rank=None,
-        peer="an unauthenticated peer",
-        deadline=deadline,
-        max_frame_bytes=max_frame_bytes,
-        allowed=only_hello,
+    header = bytearray(proto.HEADER_BYTES)
+    who = "an unauthenticated peer"
+    proto.recv_exact(sock, memoryview(header), rank=None, peer=who, deadline=deadline)
+    h = proto.parse_header(header, max_frame_bytes=max_frame_bytes)
+    check_hello_header(h)
+    frame = bytearray(proto.HEADER_BYTES + h.length + proto.TAG_BYTES)
+    frame[: proto.HEADER_BYTES] = header
+    view = memoryview(frame)[proto.HEADER_BYTES :]
+    proto.recv_exact(sock, view, rank=None, peer=who, deadline=deadline)
+    return answer_hello(
+        sock, key, frame, role=role, expect_role=expect_role, accept=accept, deadline=deadline,
+        io_timeout_s=io_timeout_s, max_frame_bytes=max_frame_bytes,
     )
-    hello = proto.decode_json(frame.payload, "HELLO")
+
+
+def answer_hello(
+    sock: socket.socket,
+    key: bytes,
+    frame: Any,
+    *,
+    role: str,
+    expect_role: str,
+    accept: Callable[[dict[str, Any]], tuple[int | None, str | None, dict[str, Any]]],
+    deadline: float,
+    io_timeout_s: float,
+    max_frame_bytes: int = proto.DEFAULT_MAX_FRAME_BYTES,
+) -> tuple[Channel, dict[str, Any]]:
+    """Authenticate a client's complete HELLO ``frame``, answer it by ``deadline`` and return
+    the channel and the client's HELLO; raises (answering nothing) for anything else."""
+    decoded = proto.decode_frame(key, frame, expected_seq=0, max_frame_bytes=max_frame_bytes)
+    check_hello_header(proto.Header(decoded.msg_type, decoded.seq, len(decoded.payload)))
+    hello = proto.decode_json(decoded.payload, "HELLO")
     client_nonce = _hello_check(hello, expect_role, "HELLO")
     rank, peer, info = accept(hello)
     nonce = secrets.token_bytes(proto.NONCE_BYTES)
@@ -436,6 +671,7 @@ def server_handshake(
     header = proto.pack_header(MsgType.HELLO, 0, len(payload))
     remaining = deadline - time.monotonic()
     sock.settimeout(max(remaining, 0.001))
+    mac = proto.Mac(key)
     proto.send_buffers(sock, (header, payload, mac.tag(header, payload)), rank=rank, peer=peer)
     c2s, s2c = proto.derive_session_keys(key, client_nonce, nonce)
     chan = Channel(
@@ -450,164 +686,58 @@ def server_handshake(
     return chan, hello
 
 
-class Acceptor:
-    """Accepts connections on a listening socket and authenticates each in its own thread.
+def connect_authenticated(
+    address: tuple[str, int],
+    key: bytes,
+    *,
+    role: str,
+    expect_role: str,
+    info: dict[str, Any],
+    rank: int | None,
+    peer: str | None,
+    connect_timeout_s: float,
+    handshake_timeout_s: float,
+    io_timeout_s: float,
+    max_frame_bytes: int = proto.DEFAULT_MAX_FRAME_BYTES,
+    buffer_bytes: int | None = None,
+) -> tuple[Channel, dict[str, Any]]:
+    """Connect and authenticate, retrying with exponential backoff and jitter.
 
-    Junk (silence, garbage, wrong key, a HELLO that ``accept`` refuses) is logged and closed;
-    it never reaches ``on_channel``. At most ``max_pending`` handshakes run at once; a
-    connection beyond that is closed at once (a flood cannot exhaust threads). :meth:`close`
-    stops accepting and closes the listener and every handshake still in progress.
-    ``accept``/``on_channel`` run on handshake threads.
+    A try that is refused, reset, closed without an answer (a listener busy with a flood of
+    junk connections closes the oldest unauthenticated ones) or not answered within
+    ``handshake_timeout_s`` is retried after 50 ms, 100 ms, ... (at most 2 s, times a random
+    factor in [0.5, 1]) while ``connect_timeout_s`` has not passed since the first try; the
+    last error then says how many tries were made. Protocol and authentication errors (a
+    peer that answered wrongly) are not retried.
     """
-
-    def __init__(
-        self,
-        listener: socket.socket,
-        key: bytes,
-        *,
-        name: str,
-        role: str,
-        expect_role: str,
-        accept: Callable[[dict[str, Any]], tuple[int | None, str | None, dict[str, Any]]],
-        on_channel: Callable[[Channel, dict[str, Any]], None],
-        handshake_timeout_s: float,
-        io_timeout_s: float,
-        max_frame_bytes: int = proto.DEFAULT_MAX_FRAME_BYTES,
-        buffer_bytes: int | None = None,
-        max_pending: int = 256,
-    ) -> None:
-        self._listener = listener
-        self._max_pending = max_pending
-        self._key = key
-        self._name = name
-        self._role = role
-        self._expect_role = expect_role
-        self._accept = accept
-        self._on_channel = on_channel
-        self._handshake_timeout_s = handshake_timeout_s
-        self._io_timeout_s = io_timeout_s
-        self._max_frame_bytes = max_frame_bytes
-        self._buffer_bytes = buffer_bytes
-        self._lock = threading.Lock()
-        self._pending: set[socket.socket] = set()
-        self._closed = False
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._thread = threading.Thread(target=self._loop, name=f"{name}-accept", daemon=True)
-        self.rejected = 0  # connections closed without authenticating (for tests and logs)
-
-    def start(self) -> Acceptor:
-        self._thread.start()
-        return self
-
-    def _loop(self) -> None:
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._listener, selectors.EVENT_READ)
-            sel.register(self._wake_r, selectors.EVENT_READ)
-            while True:
-                # Blocks until a connection arrives or close() writes to the wake-up pair.
-                events = sel.select()
-                if self._closed or any(k.fileobj is self._wake_r for k, _ in events):
-                    return
-                try:
-                    sock, addr = self._listener.accept()
-                except OSError:
-                    if self._closed:
-                        return
-                    continue
-                with self._lock:
-                    if self._closed:
-                        sock.close()
-                        return
-                    if len(self._pending) >= self._max_pending:
-                        self.rejected += 1
-                        log.warning(
-                            "%s: %d handshakes in progress; closed the connection from %s",
-                            self._name,
-                            len(self._pending),
-                            _addr(addr),
-                        )
-                        sock.close()
-                        continue
-                    self._pending.add(sock)
-                threading.Thread(
-                    target=self._handshake,
-                    args=(sock, addr),
-                    name=f"{self._name}-handshake",
-                    daemon=True,
-                ).start()
-
-    def _handshake(self, sock: socket.socket, addr: Any) -> None:
+    deadline = time.monotonic() + connect_timeout_s
+    delay = 0.05
+    tries = 0
+    while True:
+        tries += 1
+        remaining = deadline - time.monotonic()
         try:
-            tune_socket(sock, self._buffer_bytes)
-            chan, hello = server_handshake(
-                sock,
-                self._key,
-                role=self._role,
-                expect_role=self._expect_role,
-                accept=self._accept,
-                handshake_timeout_s=self._handshake_timeout_s,
-                io_timeout_s=self._io_timeout_s,
-                max_frame_bytes=self._max_frame_bytes,
+            sock = connect(
+                address, rank=rank, peer=peer, timeout_s=max(remaining, 0.001),
+                buffer_bytes=buffer_bytes,
             )
-        except (AllreduceError, OSError) as exc:
-            with self._lock:
-                self._pending.discard(sock)
-                self.rejected += 1
-            level = logging.DEBUG if isinstance(exc, PeerError) else logging.WARNING
-            log.log(
-                level,
-                "%s: closed an unauthenticated connection from %s: %s",
-                self._name,
-                _addr(addr),
-                exc,
-            )
-            sock.close()
-            return
-        except Exception:
-            with self._lock:
-                self._pending.discard(sock)
-                self.rejected += 1
-            log.exception("%s: handshake with %s failed unexpectedly", self._name, _addr(addr))
-            sock.close()
-            return
-        with self._lock:
-            self._pending.discard(sock)
-            closed = self._closed
-        if closed:
-            chan.close()
-            return
-        try:
-            self._on_channel(chan, hello)
-        except Exception:
-            log.exception(
-                "%s: handling an authenticated connection from %s failed", self._name, _addr(addr)
-            )
-            chan.close()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            pending = list(self._pending)
-            self._pending.clear()
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
-        for sock in pending:
             try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5.0)
-        self._listener.close()
-        self._wake_r.close()
-        self._wake_w.close()
+                return client_handshake(
+                    sock, key, role=role, expect_role=expect_role, info=info, rank=rank,
+                    peer=peer, handshake_timeout_s=handshake_timeout_s, io_timeout_s=io_timeout_s,
+                    max_frame_bytes=max_frame_bytes,
+                )
+            except BaseException:
+                sock.close()
+                raise
+        except (PeerLost, PeerTimeout) as exc:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                detail = f"{exc.detail} (gave up after {tries} tries in {connect_timeout_s:g} s)"
+                raise type(exc)(exc.rank, detail, peer=exc.peer) from None
+            log.debug("connect to %s failed (try %d), retrying: %s", _who(rank, peer), tries, exc)
+        time.sleep(min(delay * _jitter.uniform(0.5, 1.0), remaining))
+        delay = min(delay * 2, 2.0)
 
 
-def _addr(addr: Any) -> str:
-    if isinstance(addr, tuple) and len(addr) >= 2:
-        return f"{addr[0]}:{addr[1]}"
-    return str(addr)
+_jitter = random.Random()

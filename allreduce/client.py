@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from . import protocol as proto
-from .channel import Channel, client_handshake, connect
+from .channel import Channel, connect_authenticated
 from .errors import PeerTimeout, ProtocolError, RoundAborted, StandDown, StartupTimeout
 from .protocol import MsgType
 from .topology import Placement
@@ -29,18 +29,14 @@ _NOTICES = frozenset({MsgType.STAND_DOWN, MsgType.ABORT})
 
 def _open(address: tuple[str, int], key: bytes, info: dict[str, Any], connect_timeout_s: float,
           handshake_timeout_s: float, io_timeout_s: float, max_frame_bytes: int) -> Channel:
-    """Connect to the tree server and authenticate as a worker within the timeouts."""
+    """Connect to the tree server and authenticate as a worker, retrying with backoff and
+    jitter within ``connect_timeout_s`` (:func:`~allreduce.channel.connect_authenticated`)."""
     key = proto.check_key(key)
-    sock = connect(address, rank=None, peer=SERVER, timeout_s=connect_timeout_s)
-    try:
-        chan, _ = client_handshake(
-            sock, key, role="worker", expect_role="server", info=info, rank=None, peer=SERVER,
-            handshake_timeout_s=handshake_timeout_s, io_timeout_s=io_timeout_s,
-            max_frame_bytes=max_frame_bytes,
-        )
-    except BaseException:
-        sock.close()
-        raise
+    chan, _ = connect_authenticated(
+        address, key, role="worker", expect_role="server", info=info, rank=None, peer=SERVER,
+        connect_timeout_s=connect_timeout_s, handshake_timeout_s=handshake_timeout_s,
+        io_timeout_s=io_timeout_s, max_frame_bytes=max_frame_bytes,
+    )
     return chan
 
 

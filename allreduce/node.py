@@ -8,9 +8,40 @@ reduction of chunk ``i+1`` overlaps the transfer of chunk ``i`` down the tree. T
 fixed by the tree (see :mod:`allreduce.topology`), and every rank ends with the root's bytes,
 so the result is bit-identical everywhere.
 
-Every frame is HMAC'd, every blocking call is bounded by ``io_timeout_s``; a dead peer surfaces
-as PeerLost and a stalled one as PeerTimeout, naming its rank. On any failure the node sends
-ABORT to its neighbours (who pass it on), so the whole tree stops promptly.
+Slow is not dead. Between two collectives a rank may compute for a long time (a GC pause, a
+slow disk, a skewed shard), while its neighbours already wait for its data. So a waiting rank
+does not time out on the data; it checks that the neighbour is *alive*: every node runs one
+heartbeat thread that sends an authenticated HEARTBEAT frame on each idle tree link every
+``heartbeat_timeout_s / 4`` and takes the heartbeats waiting on links nobody reads
+(:meth:`Channel.send_heartbeat <allreduce.channel.Channel.send_heartbeat>`,
+:meth:`~allreduce.channel.Channel.poll_heartbeats`). A blocked receive or send on a link keeps
+waiting while anything (data or heartbeat) arrives from that neighbour, and fails naming its
+rank when
+
+- nothing has arrived for ``heartbeat_timeout_s``: PeerTimeout (the process is frozen, e.g.
+  SIGSTOP, swapped out, or the network is cut);
+- the connection closes: PeerLost, at once (the process died: its kernel closes the socket);
+- the neighbour is alive but one wait lasted ``max_wait_s`` (default: none): PeerTimeout, a
+  bound for a rank whose main thread is stuck while its heartbeat thread runs.
+
+Heartbeats go between tree neighbours over the links the collectives use, rather than to the
+tree server: the rank that waits is the one that must judge, the link it waits on is the one
+whose liveness matters (a server could see a rank alive while the link to it is cut), the
+links are already authenticated and sequenced (a heartbeat is HMAC'd and replay-checked like
+every frame), and nothing depends on the driver's tree server after the tree is formed. The
+heartbeat thread needs the GIL: a C extension that holds it for longer than the heartbeat
+timeout makes its rank look frozen (the solvers' numba kernels release it).
+
+Every blocking call is still bounded: a wait on a live link wakes every
+``min(heartbeat_timeout_s / 8, 1 s)`` to check the neighbour. On any failure the node sends
+ABORT to its neighbours (who pass it on), so the whole tree stops promptly. ``io_timeout_s``
+bounds the handshakes' sends and receives; with ``heartbeat_timeout_s=None`` (liveness off)
+it bounds every receive of a collective as well.
+
+Joining: a rank's listener (for its children) is served by an
+:class:`~allreduce.acceptor.Acceptor` from the moment it opens, so junk connections are
+accepted, bounded and closed while the rank registers and waits for the tree; children
+connect to their parent with retries and backoff.
 """
 
 from __future__ import annotations
@@ -24,7 +55,8 @@ from typing import Any
 import numpy as np
 
 from . import protocol as proto
-from .channel import Acceptor, Channel, client_handshake, connect, open_listener
+from .acceptor import Acceptor
+from .channel import Channel, connect_authenticated, open_listener
 from .client import ServerSession
 from .communicator import CallStats, Communicator, wire_array
 from .errors import AllreduceError, PeerAborted, PeerTimeout, ProtocolError
@@ -57,6 +89,8 @@ class TreeNode(Communicator):
         *,
         chunk_bytes: int = 1 << 20,
         io_timeout_s: float = 120.0,
+        heartbeat_timeout_s: float | None = 60.0,
+        max_wait_s: float | None = None,
     ) -> None:
         if chunk_bytes < 8:
             raise ValueError(f"chunk_bytes must be at least 8, got {chunk_bytes}")
@@ -70,6 +104,26 @@ class TreeNode(Communicator):
         self._busy = threading.Lock()
         self._broken: BaseException | None = None
         self._closed = False
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+        if heartbeat_timeout_s is not None and self._links():
+            for chan in self._links():
+                chan.enable_liveness(heartbeat_timeout_s, max_wait_s)
+            self._beat = threading.Thread(
+                target=self._heartbeats,
+                args=(heartbeat_timeout_s / 4,),
+                name=f"rank{placement.rank}-heartbeat",
+                daemon=True,
+            )
+            self._beat.start()
+
+    def _heartbeats(self, interval_s: float) -> None:
+        """Every ``interval_s``: a heartbeat on each idle link, and take the waiting ones."""
+        links = self._links()
+        while not self._stop.wait(interval_s):
+            for chan in links:
+                chan.send_heartbeat(min_interval_s=interval_s / 2)
+                chan.poll_heartbeats()
 
     # -- joining ---------------------------------------------------------------------------
 
@@ -90,6 +144,10 @@ class TreeNode(Communicator):
         max_frame_bytes: int = proto.DEFAULT_MAX_FRAME_BYTES,
         socket_buffer_bytes: int | None = None,
         session: ServerSession | None = None,
+        heartbeat_timeout_s: float | None = 60.0,
+        max_wait_s: float | None = None,
+        max_unauthenticated: int = 1024,
+        max_unauthenticated_per_source: int = 64,
     ) -> TreeNode:
         """Listen on ``host`` (ephemeral port), register shard ``shard``, link up with the tree.
 
@@ -108,7 +166,23 @@ class TreeNode(Communicator):
             raise ValueError(
                 f"chunk_bytes ({chunk_bytes}) exceeds max_frame_bytes ({max_frame_bytes})"
             )
-        listener = open_listener(host, backlog=16, buffer_bytes=socket_buffer_bytes)
+        listener = open_listener(host, backlog=128, buffer_bytes=socket_buffer_bytes)
+        children = _Children(shard)
+        acceptor = Acceptor(
+            listener,
+            key,
+            name=f"rank {shard}",
+            role="parent",
+            expect_role="child",
+            accept=children.accept,
+            on_channel=children.on_channel,
+            handshake_timeout_s=handshake_timeout_s,
+            io_timeout_s=io_timeout_s,
+            max_frame_bytes=max_frame_bytes,
+            buffer_bytes=socket_buffer_bytes,
+            max_pending=max_unauthenticated,
+            max_pending_per_source=max_unauthenticated_per_source,
+        ).start()
         try:
             if session is None:
                 session = ServerSession.connect(
@@ -125,9 +199,9 @@ class TreeNode(Communicator):
                 placement = session.register(
                     host, listener.getsockname()[1], timeout_s=startup_timeout_s
                 )
-            parent, children = _link(
+            parent, kids = _link(
                 placement,
-                listener,
+                children,
                 key,
                 attempt_id=str(attempt_id),
                 connect_timeout_s=connect_timeout_s,
@@ -137,7 +211,8 @@ class TreeNode(Communicator):
                 buffer_bytes=socket_buffer_bytes,
             )
         finally:
-            listener.close()
+            acceptor.close()  # also closes the listener
+            children.finish()
         log.info(
             "rank %d of %d linked (parent %s, children %s)",
             placement.rank,
@@ -145,7 +220,15 @@ class TreeNode(Communicator):
             placement.parent.rank if placement.parent else None,
             [c.rank for c in placement.children],
         )
-        return cls(placement, parent, children, chunk_bytes=chunk_bytes, io_timeout_s=io_timeout_s)
+        return cls(
+            placement,
+            parent,
+            kids,
+            chunk_bytes=chunk_bytes,
+            io_timeout_s=io_timeout_s,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            max_wait_s=max_wait_s,
+        )
 
     # -- Communicator ----------------------------------------------------------------------
 
@@ -196,6 +279,9 @@ class TreeNode(Communicator):
         if self._closed:
             return
         self._closed = True
+        self._stop.set()  # first: the heartbeat thread must not touch a closed link
+        if self._beat is not None and self._beat is not threading.current_thread():
+            self._beat.join(timeout=5.0)
         if error is not None and self._broken is None:
             self._abort_links(error)
         for chan in self._links():
@@ -338,8 +424,9 @@ class TreeNode(Communicator):
             finally:
                 if failure and root:
                     ready.release(nchunks)
-                # Terminates: each blocking call in it is bounded by io_timeout_s, and a failure
-                # shuts the links down, which wakes it at once.
+                # Terminates: each blocking call in it gives up once its neighbour is silent for
+                # heartbeat_timeout_s (or after max_wait_s), and a failure shuts the links down,
+                # which wakes it at once.
                 helper.join()
         else:
             try:
@@ -371,9 +458,73 @@ class TreeNode(Communicator):
             chan.shutdown()
 
 
+class _Children:
+    """The children that authenticated on a rank's listener, before and after its placement is
+    known (a child may receive the topology, and connect, before its parent does)."""
+
+    def __init__(self, me: int) -> None:
+        self._me = me
+        self._cond = threading.Condition()
+        self._expected: set[int] | None = None  # unknown until the placement arrives
+        self._linked: dict[int, Channel] = {}
+        self._done = False
+
+    def accept(self, hello: dict[str, Any]) -> tuple[int | None, str | None, dict[str, Any]]:
+        r = hello.get("rank")
+        with self._cond:
+            expected = self._expected
+        ok = isinstance(r, int) and not isinstance(r, bool) and 0 < r < 1 << 30
+        if not ok or (expected is not None and r not in expected):
+            want = "its children" if expected is None else f"children {sorted(expected)}"
+            raise ProtocolError(f"rank {self._me} expects {want}, got a HELLO from rank {r!r}")
+        return r, None, {"rank": self._me}
+
+    def on_channel(self, chan: Channel, hello: dict[str, Any]) -> None:
+        with self._cond:
+            unwanted = self._done or (
+                self._expected is not None and chan.rank not in self._expected
+            )
+            # a child that retried after its reply was lost links again: the newest link wins
+            old = None if unwanted else self._linked.get(chan.rank)  # type: ignore[arg-type]
+            if not unwanted:
+                self._linked[chan.rank] = chan  # type: ignore[index]
+                self._cond.notify_all()
+        if unwanted:
+            chan.close()
+        if old is not None:
+            old.close()
+
+    def expect(self, ranks: set[int]) -> None:
+        with self._cond:
+            self._expected = set(ranks)
+            stray = [c for r, c in self._linked.items() if r not in ranks]
+            self._linked = {r: c for r, c in self._linked.items() if r in ranks}
+        for chan in stray:
+            chan.close()
+
+    def wait(self, timeout_s: float) -> list[int]:
+        """The expected children still missing after waiting up to ``timeout_s`` for them."""
+        with self._cond:
+            assert self._expected is not None
+            self._cond.wait_for(lambda: self._expected <= set(self._linked), timeout_s)
+            return sorted(self._expected - set(self._linked))
+
+    def take(self, ranks: Sequence[int]) -> list[Channel]:
+        with self._cond:
+            return [self._linked.pop(r) for r in ranks]
+
+    def finish(self) -> None:
+        """No more children: close any link not taken."""
+        with self._cond:
+            self._done = True
+            left, self._linked = list(self._linked.values()), {}
+        for chan in left:
+            chan.close()
+
+
 def _link(
     placement: Placement,
-    listener: Any,
+    children: _Children,
     key: bytes,
     *,
     attempt_id: str,
@@ -383,97 +534,41 @@ def _link(
     max_frame_bytes: int,
     buffer_bytes: int | None,
 ) -> tuple[Channel | None, list[Channel]]:
-    """Connect to the parent and accept the children, each link authenticated."""
+    """Connect to the parent and collect the children, each link authenticated."""
     me = placement.rank
-    expected = {c.rank for c in placement.children}
-    cond = threading.Condition()
-    reserved: set[int] = set()
-    linked: dict[int, Channel] = {}
-
-    def accept(hello: dict[str, Any]) -> tuple[int | None, str | None, dict[str, Any]]:
-        r = hello.get("rank")
-        with cond:
-            if r not in expected or r in reserved:
-                raise ProtocolError(
-                    f"rank {me} expects children {sorted(expected)}, got a HELLO from rank {r!r}"
-                )
-            reserved.add(r)
-        return r, None, {"rank": me}
-
-    def on_channel(chan: Channel, hello: dict[str, Any]) -> None:
-        with cond:
-            linked[chan.rank] = chan  # type: ignore[index]
-            cond.notify_all()
-
-    acceptor = None
-    if expected:
-        acceptor = Acceptor(
-            listener,
-            key,
-            name=f"rank {me}",
-            role="parent",
-            expect_role="child",
-            accept=accept,
-            on_channel=on_channel,
-            handshake_timeout_s=handshake_timeout_s,
-            io_timeout_s=io_timeout_s,
-            max_frame_bytes=max_frame_bytes,
-            buffer_bytes=buffer_bytes,
-        ).start()
+    children.expect({c.rank for c in placement.children})
     parent_chan: Channel | None = None
     try:
         if placement.parent is not None:
             p = placement.parent
-            sock = connect(
+            parent_chan, reply = connect_authenticated(
                 (p.host, p.port),
+                key,
+                role="child",
+                expect_role="parent",
+                info={"rank": me, "attempt_id": attempt_id},
                 rank=p.rank,
                 peer=None,
-                timeout_s=connect_timeout_s,
+                connect_timeout_s=connect_timeout_s,
+                handshake_timeout_s=handshake_timeout_s,
+                io_timeout_s=io_timeout_s,
+                max_frame_bytes=max_frame_bytes,
                 buffer_bytes=buffer_bytes,
             )
-            try:
-                parent_chan, reply = client_handshake(
-                    sock,
-                    key,
-                    role="child",
-                    expect_role="parent",
-                    info={"rank": me, "attempt_id": attempt_id},
-                    rank=p.rank,
-                    peer=None,
-                    handshake_timeout_s=handshake_timeout_s,
-                    io_timeout_s=io_timeout_s,
-                    max_frame_bytes=max_frame_bytes,
-                )
-            except BaseException:
-                sock.close()
-                raise
             if reply.get("rank") != p.rank:
-                parent_chan.close()
                 raise ProtocolError(
                     f"rank {me} reached rank {reply.get('rank')!r} instead of its parent {p.rank}"
                 )
-        deadline = time.monotonic() + connect_timeout_s + handshake_timeout_s
-        with cond:
-            ok = cond.wait_for(
-                lambda: len(linked) == len(expected), max(deadline - time.monotonic(), 0)
-            )
-            missing = sorted(expected - set(linked))
-        if not ok:
+        wait_s = connect_timeout_s + handshake_timeout_s
+        missing = children.wait(wait_s)
+        if missing:
             raise PeerTimeout(
                 missing[0],
-                f"child rank(s) {missing} of rank {me} did not connect within "
-                f"{connect_timeout_s + handshake_timeout_s:g} s",
+                f"child rank(s) {missing} of rank {me} did not connect within {wait_s:g} s",
             )
+        kids = children.take([c.rank for c in placement.children])
     except BaseException:
-        if acceptor is not None:
-            acceptor.close()  # first, so that no child is linked after the cleanup below
         if parent_chan is not None:
             parent_chan.close()
-        with cond:
-            for chan in linked.values():
-                chan.close()
         raise
-    finally:
-        if acceptor is not None:
-            acceptor.close()  # also closes the listener
-    return parent_chan, [linked[c.rank] for c in placement.children]
+    return parent_chan, kids

@@ -16,6 +16,9 @@ handshake, then a per-connection, per-direction session key derived from it and 
 sides' nonces (:func:`derive_session_keys`), so a frame recorded on one connection, or sent in
 one direction, is not valid on another.
 
+A HEARTBEAT (tree neighbours, see :mod:`allreduce.node`) has no payload: a header and a tag,
+authenticated and sequenced like every frame, so it cannot be forged or replayed.
+
 Payloads are raw bytes: numeric data as explicit little-endian IEEE-754 (``<f4`` / ``<f8``),
 control messages as small UTF-8 JSON objects. Nothing is ever unpickled. The declared length is
 checked against the frame limit (and the much smaller control limit for control types) before
@@ -52,6 +55,8 @@ NONCE_BYTES = 16
 MAX_SEQ = (1 << 64) - 1
 MAX_LENGTH = (1 << 32) - 1
 CONTROL_MAX_BYTES = 64 * 1024
+HELLO_MAX_BYTES = 4096  # a HELLO is a few hundred bytes; an unauthenticated peer gets no more
+HEARTBEAT_FRAME_BYTES = HEADER_BYTES + TAG_BYTES  # a heartbeat has no payload
 DEFAULT_MAX_FRAME_BYTES = 1 << 28
 
 
@@ -66,6 +71,7 @@ class MsgType(enum.IntEnum):
     ABORT = 6  # any direction: {origin, reason[, missing_shards]}
     SPARE_POLL = 7  # spare -> server: {spare}: which shard should I race?
     ASSIGN = 8  # server -> spare: {shard: int | null, done: bool}
+    HEARTBEAT = 9  # tree neighbours, both directions, empty payload: "alive", see allreduce.node
     UP_F32 = 16  # child -> parent, reduce phase
     UP_F64 = 17
     DOWN_F32 = 18  # parent -> child, broadcast phase
@@ -82,6 +88,7 @@ CONTROL_TYPES = frozenset(
         MsgType.ABORT,
         MsgType.SPARE_POLL,
         MsgType.ASSIGN,
+        MsgType.HEARTBEAT,
     }
 )
 _TYPES_BY_VALUE = {int(t): t for t in MsgType}
@@ -270,12 +277,15 @@ def recv_exact(
     rank: int | None,
     peer: str | None = None,
     deadline: float | None = None,
+    stall: Callable[[int], None] | None = None,
 ) -> None:
     """Fill ``view`` (a writable byte view) from ``sock``, exactly.
 
     Without ``deadline`` every receive is bounded by the socket's own timeout; with a deadline
     (``time.monotonic()`` value) the whole read must finish by then, which stops a peer that
     trickles one byte at a time. EOF -> PeerLost; timeout -> PeerTimeout; both name ``rank``.
+    With ``stall``, a receive that times out calls ``stall(bytes_received_so_far)`` instead,
+    which raises to give up or returns to keep waiting (the liveness check of a tree link).
     """
     n = len(view)
     got = 0
@@ -288,7 +298,10 @@ def recv_exact(
         try:
             k = sock.recv_into(view[got:], n - got)
         except TimeoutError:
-            raise PeerTimeout(rank, f"received {got} of {n} bytes", peer=peer) from None
+            if stall is None or deadline is not None:
+                raise PeerTimeout(rank, f"received {got} of {n} bytes", peer=peer) from None
+            stall(got)
+            continue
         except OSError as exc:
             raise PeerLost(
                 rank, f"receive failed after {got} of {n} bytes ({exc})", peer=peer
@@ -304,17 +317,26 @@ def send_buffers(
     *,
     rank: int | None,
     peer: str | None = None,
+    stall: Callable[[int], None] | None = None,
 ) -> None:
     """Send ``buffers`` back to back with scatter/gather I/O (no concatenation).
 
     Bounded by the socket's timeout; errors map to PeerTimeout / PeerLost naming ``rank``.
+    With ``stall``, a send that times out calls ``stall(bytes_sent_so_far)`` instead, which
+    raises to give up or returns to keep trying.
     """
     views = [memoryview(b).cast("B") for b in buffers if len(b)]
     total = sum(len(v) for v in views)
     sent = 0
     try:
         while views:
-            k = sock.sendmsg(views)
+            try:
+                k = sock.sendmsg(views)
+            except TimeoutError:
+                if stall is None:
+                    raise
+                stall(sent)
+                continue
             sent += k
             while views and k >= len(views[0]):
                 k -= len(views[0])

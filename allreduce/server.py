@@ -12,7 +12,9 @@ In production the server runs on the Spark driver; here it is a plain object wit
         placements = server.wait_tree(timeout=...)   # or StartupTimeout naming missing shards
 
 Connections must authenticate (a valid HMAC'd HELLO within ``handshake_timeout_s``); junk is
-closed without taking a slot. Workers may send PROGRESS heartbeats at any time, which the
+closed without taking a slot, and at most ``max_unauthenticated_per_source`` /
+``max_unauthenticated`` connections wait unauthenticated at once (see
+:mod:`allreduce.acceptor`: a flood of idle connections cannot lock workers out). Workers may send PROGRESS heartbeats at any time, which the
 driver reads through :meth:`TreeServer.progress` / :meth:`TreeServer.slowest_shard` to decide
 which shard a spare should race. The key is never logged.
 """
@@ -26,7 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import protocol as proto
-from .channel import Acceptor, Channel, open_listener
+from .acceptor import Acceptor
+from .channel import Channel, open_listener
 from .errors import (
     AllreduceError,
     PeerLost,
@@ -91,6 +94,8 @@ class TreeServer:
         startup_timeout_s: float = 600.0,
         max_frame_bytes: int = proto.DEFAULT_MAX_FRAME_BYTES,
         spare_after: int | None = None,
+        max_unauthenticated: int = 1024,
+        max_unauthenticated_per_source: int = 64,
     ) -> None:
         if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
             raise ValueError(f"num_shards must be a positive integer, got {num_shards!r}")
@@ -103,6 +108,8 @@ class TreeServer:
         self._io_timeout_s = io_timeout_s
         self._startup_timeout_s = startup_timeout_s
         self._max_frame_bytes = max_frame_bytes
+        self._max_pending = max_unauthenticated
+        self._max_pending_per_source = max_unauthenticated_per_source
         self._cond = threading.Condition()
         self._state = WAITING
         self._failure: AllreduceError | None = None
@@ -140,6 +147,8 @@ class TreeServer:
             handshake_timeout_s=self._handshake_timeout_s,
             io_timeout_s=self._io_timeout_s,
             max_frame_bytes=self._max_frame_bytes,
+            max_pending=self._max_pending,
+            max_pending_per_source=self._max_pending_per_source,
         ).start()
         self._watchdog = threading.Thread(
             target=self._watch, name="tree-server-watchdog", daemon=True
@@ -161,6 +170,11 @@ class TreeServer:
     def rejected_connections(self) -> int:
         """Connections closed because they did not authenticate (junk, probes, wrong key)."""
         return self._acceptor.rejected if self._acceptor is not None else 0
+
+    @property
+    def acceptor(self) -> Acceptor | None:
+        """The listener's acceptor (its counters: ``rejected``, ``evicted``, ``peak_pending``)."""
+        return self._acceptor
 
     @property
     def state(self) -> str:
@@ -229,6 +243,11 @@ class TreeServer:
         """``{shard: attempt_id}`` of the registered survivors."""
         with self._cond:
             return {s: w.attempt_id for s, w in sorted(self._survivors.items())}
+
+    def endpoints(self) -> dict[int, tuple[str, int]]:
+        """``{shard: (host, port)}``: where each registered survivor listens for its children."""
+        with self._cond:
+            return {s: w.registered for s, w in sorted(self._survivors.items()) if w.registered}
 
     def progress(self) -> list[ProgressReport]:
         """The latest PROGRESS of every (shard, attempt) heard from, sorted by shard."""

@@ -83,11 +83,17 @@ class NetConf:
     max_frame_bytes: int = 1 << 28
     spare_poll_s: float = 0.25
     heartbeat_rows: int = 100_000  # a pass reports progress (and checks for stand-down) this often
+    heartbeat_timeout_s: float = 60.0  # tree neighbours: silence this long = lost (allreduce.node)
+    max_wait_s: float = 86400.0
+    max_unauthenticated: int = 1024  # listeners' bounds on connections not yet authenticated
+    max_unauthenticated_per_source: int = 64
 
     @classmethod
     def from_conf(cls, c) -> NetConf:
         return cls(c.chunk_bytes, c.connect_timeout_s, c.handshake_timeout_s, c.io_timeout_s,
-                   c.startup_timeout_s, c.max_frame_bytes)
+                   c.startup_timeout_s, c.max_frame_bytes, heartbeat_timeout_s=c.heartbeat_timeout_s,
+                   max_wait_s=c.max_wait_s, max_unauthenticated=c.max_unauthenticated,
+                   max_unauthenticated_per_source=c.max_unauthenticated_per_source)
 
 
 @dataclass
@@ -139,6 +145,9 @@ class BarrierTask:
             chunk_bytes=n.chunk_bytes, connect_timeout_s=n.connect_timeout_s,
             handshake_timeout_s=n.handshake_timeout_s, io_timeout_s=n.io_timeout_s,
             startup_timeout_s=n.startup_timeout_s, max_frame_bytes=n.max_frame_bytes, session=session,
+            heartbeat_timeout_s=n.heartbeat_timeout_s, max_wait_s=n.max_wait_s,
+            max_unauthenticated=n.max_unauthenticated,
+            max_unauthenticated_per_source=n.max_unauthenticated_per_source,
         )
 
     def close(self) -> None:
@@ -265,7 +274,8 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
         t0 = time.perf_counter()
         with TreeServer(num_shards, key, host=host, handshake_timeout_s=net.handshake_timeout_s,
                         io_timeout_s=net.io_timeout_s, startup_timeout_s=net.startup_timeout_s,
-                        max_frame_bytes=net.max_frame_bytes) as server:
+                        max_frame_bytes=net.max_frame_bytes, max_unauthenticated=net.max_unauthenticated,
+                        max_unauthenticated_per_source=net.max_unauthenticated_per_source) as server:
             address = server.address
             if on_attempt is not None:
                 on_attempt(server, attempt)

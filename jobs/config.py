@@ -260,7 +260,17 @@ class AllreduceConf:
     chunk_bytes: int = param(1 << 20, "pipelining chunk of an AllReduce", Interval(8, 1 << 30, integer=True))
     connect_timeout_s: float = param(30.0, "timeout of every connect", Interval(0, 3600, lo_open=True))
     handshake_timeout_s: float = param(10.0, "a connection must authenticate within this time", Interval(0, 3600, lo_open=True))
-    io_timeout_s: float = param(120.0, "timeout of every receive during an AllReduce", Interval(0, 86400, lo_open=True))
+    io_timeout_s: float = param(120.0, "timeout of every exchange with the tree server and of a handshake's send or receive "
+                                "(tree links wait by heartbeat_timeout_s instead: a rank far behind is waited for)",
+                                Interval(0, 86400, lo_open=True))
+    heartbeat_timeout_s: float = param(60.0, "a tree neighbour that sends nothing, not even a heartbeat (sent every "
+                                       "heartbeat_timeout_s / 4), for this long is declared lost, naming its rank",
+                                       Interval(0, 3600, lo_open=True))
+    max_wait_s: float = param(86400.0, "longest one AllReduce waits for a neighbour that is alive (heartbeats arrive) "
+                              "but sends no data", Interval(0, 604800, lo_open=True))
+    max_unauthenticated: int = param(1024, "most connections a listener (the tree server, a rank) holds before they "
+                                     "authenticate; a new one over it closes the oldest silent one", Interval(1, 1 << 20, integer=True))
+    max_unauthenticated_per_source: int = param(64, "the same bound per source address", Interval(1, 1 << 20, integer=True))
     startup_timeout_s: float = param(600.0, "every shard must have a survivor within this time", Interval(0, 86400, lo_open=True))
     max_frame_bytes: int = param(1 << 28, "largest frame accepted (checked before allocating)", Interval(64, 1 << 31, integer=True))
 

@@ -51,6 +51,18 @@ def straggler_fn(ctx, slow_shard=1, step_s=0.05, factor=5):
         return {"rows": rows, "total": total, "spare": ctx.is_spare, "rank": node.rank}
 
 
+def slow_fn(ctx, delay_s=1.5):
+    """Two AllReduces; between them shard 1 falls ``delay_s`` behind (3 x io_timeout_s in the
+    test that uses it): it is waited for, kept alive by its heartbeats."""
+    with ctx.join() as node:
+        first = node.allreduce(np.arange(5.0) + ctx.shard)
+        if ctx.shard == 1:
+            time.sleep(delay_s)
+        second = node.allreduce(np.arange(5.0) * (ctx.shard + 1))
+        return {"rank": node.rank, "first": first.tolist(), "second": second.tolist(),
+                "second_wall_s": node.stats()["calls"][1]["wall_s"]}
+
+
 def kill_fn(ctx):
     if ctx.shard == 0 and ctx.attempt == 0:
         os._exit(3)  # the executor's Python worker dies abruptly mid-stage

@@ -62,6 +62,42 @@ def test_killed_task_is_retried_by_the_adapter():
     assert "attempt 1 failed" in log
 
 
+def test_slow_rank_under_a_connection_flood_in_a_real_barrier_job(spark):
+    """Shard 1 falls 3 x io_timeout_s behind between two AllReduces while another process
+    holds 1000 idle connections to the tree server: one attempt, the exact sums."""
+    import multiprocessing as mp
+
+    from tests.allreduce.test_allreduce_flood import _flood
+    from tests.barrier_app import slow_fn
+
+    ctx = mp.get_context("spawn")
+    ready, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    flooders = []
+
+    def on_attempt(server, attempt):
+        p = ctx.Process(target=_flood, args=([(*server.address, 1000)], ready, stop, out, 20), daemon=True)
+        p.start()
+        flooders.append(p)
+        assert ready.wait(30)
+
+    net = NetConf(io_timeout_s=0.5, heartbeat_timeout_s=5.0, connect_timeout_s=20, startup_timeout_s=60)
+    try:
+        res = run_barrier(spark, 2, 0, slow_fn, net=net, max_attempts=1, on_attempt=on_attempt,
+                          job_name="test slow rank")
+    finally:
+        stop.set()
+        flood = out.get(timeout=30) if flooders else None
+        for p in flooders:
+            p.join(10)
+    print(f"rank 0 waited {res.results[0]['second_wall_s']:.2f} s for rank 1; flood: {flood['opened']} "
+          f"connections opened, {flood['closed_by_peer'][0]} closed by the tree server")
+    assert [a["outcome"] for a in res.attempts] == ["succeeded"]
+    assert [r["first"] for r in res.results] == [[1.0, 3.0, 5.0, 7.0, 9.0]] * 2
+    assert [r["second"] for r in res.results] == [[0.0, 3.0, 6.0, 9.0, 12.0]] * 2
+    assert res.results[0]["second_wall_s"] > 1.0  # rank 0 waited for rank 1, past io_timeout_s
+    assert flood["opened"] >= 1000 and flood["closed_by_peer"][0] >= 1000 - 64
+
+
 def test_preflight_refuses_too_few_slots(spark):
     with pytest.raises(BarrierError, match=r"needs 3 concurrent task slots \(2 workers \+ 1 spares\), but the cluster offers 2"):
         run_barrier(spark, 2, 1, lambda ctx: {}, net=NetConf())

@@ -31,7 +31,11 @@ from allreduce.protocol import MsgType
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
 MAX_SEQ = 2**64 - 1
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# The decoder's main fuzz runs 10,000 examples; its variations and the socket fuzz fewer each.
+# Deadlines are per example: decoding takes microseconds, a socket read ends within READ_BOUND_S.
+FUZZ_MAIN = settings(max_examples=10_000, deadline=1000, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=2_000, deadline=1000, suppress_health_check=[HealthCheck.too_slow])
+FUZZ_SOCKET = settings(max_examples=2_000, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _frame(msg_type=MsgType.UP_F32, seq=1, payload=b"\x00" * 16, key=KEY) -> bytes:
@@ -100,7 +104,7 @@ def test_json_control_payloads_round_trip_and_reject_junk():
 # Fuzzing: only ProtocolError (incl. AuthError) ever escapes the decoder
 
 
-@FUZZ
+@FUZZ_MAIN
 @given(data=st.binary(max_size=512))
 @example(data=b"")
 @example(data=b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
@@ -279,6 +283,38 @@ class _Recorder:
         return getattr(self._sock, name)
 
 
+@pytest.mark.parametrize("taken_by", ["reader", "poll_heartbeats"])
+def test_heartbeats_are_skipped_and_a_replayed_or_forged_one_is_rejected(taken_by):
+    ca, cb = _channel_pair()
+    ca.enable_liveness(1.0)
+    cb.enable_liveness(1.0)
+    real = ca.sock
+    ca.send_heartbeat()
+    ca.send(MsgType.UP_F32, b"\x01" * 8)
+    out = bytearray(8)
+    if taken_by == "poll_heartbeats":
+        time.sleep(0.05)
+        cb.poll_heartbeats()  # takes the heartbeat, leaves the data frame for the reader
+    cb.recv_data_into(MsgType.UP_F32, memoryview(out))
+    assert bytes(out) == b"\x01" * 8
+    # a replayed heartbeat (sequence number 1 again) and a forged one are both refused
+    replay = proto.pack_header(MsgType.HEARTBEAT, 1, 0)
+    real.sendall(replay + proto.Mac(b"A" * 32).tag(replay))
+    if taken_by == "poll_heartbeats":
+        time.sleep(0.05)
+        cb.poll_heartbeats()  # keeps the error for the next receive
+    with pytest.raises(ProtocolError, match="replayed"):
+        cb.recv_data_into(MsgType.UP_F32, memoryview(out))
+    ca2, cb2 = _channel_pair()
+    cb2.enable_liveness(1.0)
+    forged = proto.pack_header(MsgType.HEARTBEAT, 1, 0)
+    ca2.sock.sendall(forged + b"\x00" * 32)
+    with pytest.raises(AuthError):
+        cb2.recv_data_into(MsgType.UP_F32, memoryview(out))
+    for c in (ca, cb, ca2, cb2):
+        c.close()
+
+
 def test_wrong_length_or_type_is_protocol_error_naming_the_rank():
     ca, cb = _channel_pair()
     ca.send(MsgType.UP_F32, b"\x00" * 8)
@@ -406,6 +442,165 @@ def test_handshake_binds_session_keys_and_rejects_wrong_key():
             assert isinstance(result["server"], AuthError)
             assert isinstance(client, PeerLost)  # refused without an answer
             a.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Fuzzing the readers over real sockets: whatever arrives, a read ends with the protocol's error
+# (or a timeout) within a time bound, and allocates nothing from an unauthenticated length
+
+
+SEND_KEY = b"A" * 32  # the fuzzed writer's key = the reading channel's receive key
+READ_BOUND_S = 2.0  # per input; the readers' own timeouts are 5-10 ms
+_FRAMES = {
+    "heartbeat": lambda seq: proto.encode_frame(SEND_KEY, MsgType.HEARTBEAT, seq, b""),
+    "data": lambda seq: proto.encode_frame(SEND_KEY, MsgType.UP_F32, seq, bytes(range(64))),
+    "progress": lambda seq: proto.encode_frame(
+        SEND_KEY, MsgType.PROGRESS, seq, proto.encode_json({"rows_done": seq})
+    ),
+    "abort": lambda seq: proto.encode_frame(
+        SEND_KEY, MsgType.ABORT, seq, proto.encode_json({"origin": 3, "reason": "fuzz"})
+    ),
+}
+
+
+@st.composite
+def _streams(draw):
+    """Valid frames, then one mutation: cut, bit flip, bad length / type / seq, junk, noise."""
+    kinds = draw(st.lists(st.sampled_from(sorted(_FRAMES)), max_size=4))
+    frames = [_FRAMES[k](i + 1) for i, k in enumerate(kinds)]
+    starts = [sum(len(f) for f in frames[:i]) for i in range(len(frames))]
+    data = bytearray(b"".join(frames))
+    how = draw(st.sampled_from(["none", "cut", "flip", "length", "type", "seq", "append", "noise"]))
+    if how == "noise":
+        data = bytearray(draw(st.binary(max_size=600)))
+    elif how == "append":
+        data += draw(st.binary(min_size=1, max_size=80))
+    elif data and how == "cut":
+        data = data[: draw(st.integers(0, len(data) - 1))]
+    elif data and how == "flip":
+        bit = draw(st.integers(0, len(data) * 8 - 1))
+        data[bit // 8] ^= 1 << (bit % 8)
+    elif starts and how in ("length", "type", "seq"):
+        at = draw(st.sampled_from(starts))
+        if how == "length":
+            data[at + 14 : at + 18] = draw(st.integers(0, 2**32 - 1)).to_bytes(4, "big")
+        elif how == "type":
+            data[at + 5] = draw(st.integers(0, 255))
+        else:
+            data[at + 6 : at + 14] = draw(st.integers(0, MAX_SEQ)).to_bytes(8, "big")
+    # (bytes, then close the writer?) mostly closed: an open one costs a timeout
+    return bytes(data), draw(st.sampled_from([True, True, True, False]))
+
+
+@FUZZ_SOCKET
+@given(stream=_streams(), reader=st.sampled_from(["data", "control"]), live=st.booleans())
+@example(stream=(proto.pack_header(MsgType.UP_F32, 1, 2**32 - 1), False), reader="data", live=True)
+@example(stream=(proto.pack_header(MsgType.ABORT, 1, 2**16), True), reader="data", live=False)
+@example(stream=(proto.pack_header(MsgType.HEARTBEAT, 1, 60000), False), reader="data", live=True)
+@example(stream=(b"GET / HTTP/1.1\r\n\r\n", False), reader="control", live=False)
+def test_socket_readers_end_with_the_protocol_error_in_bounded_time(stream, reader, live):
+    data, close = stream
+    a, b = socket.socketpair()
+    chan = Channel(b, rank=5, peer=None, send_key=b"B" * 32, recv_key=SEND_KEY, io_timeout_s=0.005)
+    if live:
+        chan.enable_liveness(0.005, max_wait_s=0.01)
+    try:
+        a.sendall(data)
+        if close:
+            a.shutdown(socket.SHUT_WR)
+        out = memoryview(bytearray(64))
+        tracemalloc.start()  # only around the read: tracing hypothesis itself would be slow
+        t0 = time.monotonic()
+        try:
+            with pytest.raises((ProtocolError, PeerLost, PeerTimeout)) as info:
+                for _ in range(6):  # at most 4 valid frames, then the end of the stream
+                    if live:
+                        chan.poll_heartbeats()
+                    if reader == "data":
+                        chan.recv_data_into(MsgType.UP_F32, out)
+                    else:
+                        chan.recv_control({MsgType.PROGRESS})
+            elapsed = time.monotonic() - t0
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    finally:
+        chan.close()
+        a.close()
+    assert elapsed < READ_BOUND_S, (elapsed, info.value)
+    assert peak < proto.CONTROL_MAX_BYTES + 32 * 1024, peak  # a control frame at most
+    if isinstance(info.value, (PeerLost, PeerTimeout)) and not isinstance(info.value, PeerAborted):
+        assert info.value.rank == 5  # the error names the peer
+
+
+def _hello_frames(key: bytes, role: str = "child") -> bytes:
+    hello = {"proto": "terascale-allreduce/1", "role": role, "rank": 1, "nonce": "ab" * 16}
+    return proto.encode_frame(key, MsgType.HELLO, 0, proto.encode_json(hello))
+
+
+@pytest.fixture(scope="module")
+def acceptor():
+    from allreduce.acceptor import Acceptor
+    from allreduce.channel import open_listener
+
+    linked = []
+    acc = Acceptor(
+        open_listener("127.0.0.1"),
+        KEY,
+        name="fuzz",
+        role="parent",
+        expect_role="child",
+        accept=lambda hello: (1, None, {"rank": 0}),
+        on_channel=lambda chan, hello: (linked.append(chan), chan.close()),
+        handshake_timeout_s=0.02,
+        io_timeout_s=1.0,
+    ).start()
+    yield acc, linked
+    acc.close()
+
+
+@settings(max_examples=500, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.binary(max_size=300), mutate=st.booleans(), close=st.sampled_from([True, True, False]))
+@example(data=proto.pack_header(MsgType.HELLO, 0, 2**32 - 1), mutate=False, close=False)
+@example(data=proto.pack_header(MsgType.HELLO, 0, proto.HELLO_MAX_BYTES + 1), mutate=False, close=False)
+@example(data=b"", mutate=False, close=False)
+def test_acceptor_answers_nothing_but_a_valid_hello_in_bounded_time(acceptor, data, mutate, close):
+    acc, _ = acceptor
+    if mutate:  # a real HELLO with the fuzz bytes spliced into it
+        hello = bytearray(_hello_frames(KEY))
+        at = len(data) % len(hello)
+        hello[at : at + len(data)] = data
+        data = bytes(hello)
+    with socket.create_connection(acc._listener.getsockname(), timeout=READ_BOUND_S) as sock:
+        t0 = time.monotonic()
+        try:
+            sock.sendall(data)
+            if close:
+                sock.shutdown(socket.SHUT_WR)
+            answer = sock.recv(1)
+        except (ConnectionResetError, BrokenPipeError, OSError) as exc:
+            assert not isinstance(exc, TimeoutError)
+            answer = b""  # closed by the listener (reset: it had unread junk)
+        elapsed = time.monotonic() - t0
+    if answer:  # only a HELLO authenticated with the key gets one
+        proto.decode_frame(KEY, data, expected_seq=0)
+    assert elapsed < READ_BOUND_S
+
+
+def test_acceptor_still_links_a_real_child_after_the_fuzz(acceptor):
+    acc, linked = acceptor
+    n = len(linked)
+    sock = socket.create_connection(acc._listener.getsockname(), timeout=2)
+    chan, reply = client_handshake(
+        sock, KEY, role="child", expect_role="parent", info={"rank": 1}, rank=0, peer=None,
+        handshake_timeout_s=2.0, io_timeout_s=2.0,
+    )
+    assert reply["rank"] == 0
+    deadline = time.monotonic() + 2
+    while len(linked) == n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(linked) == n + 1 and acc.pending == 0
+    chan.close()
 
 
 def test_errors_pickle_with_their_fields():
