@@ -207,12 +207,12 @@ def test_checkpoint_dir_is_marked_and_removed_only_when_ours(tmp_path):
     ck = str(tmp_path / "ck")
     assert _open_checkpoints(ck, "run1") is True
     assert artifacts.read_marker(ck, artifacts.CHECKPOINTS)["run"] == "run1"
-    (tmp_path / "ck" / "pass-000001.npz").write_bytes(b"state")
+    (tmp_path / "ck" / "pass-000001.a00.npz").write_bytes(b"state")
     _close_checkpoints(ck, "run1", True)
     assert not (tmp_path / "ck").exists()
     # an earlier run's directory (its marker) is cleared and re-marked
     artifacts.write_marker(ck, artifacts.CHECKPOINTS, "old")
-    (tmp_path / "ck" / "pass-000007.npz").write_bytes(b"stale")
+    (tmp_path / "ck" / "pass-000007.a00.npz").write_bytes(b"stale")
     assert _open_checkpoints(ck, "run2") is True
     assert sorted(os.listdir(ck)) == [artifacts.CHECKPOINTS_MARKER]
     # a successor re-marked it: this run leaves it alone
