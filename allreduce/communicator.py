@@ -125,6 +125,43 @@ class Communicator(abc.ABC):
         self.close(error=exc)
 
 
+class WrappedCommunicator(Communicator):
+    """A view of ``inner`` that runs ``_ready()`` before every collective (a first-call hook:
+    an agreement, a deferred join). ``close`` closes ``inner``; views that do not own it override."""
+
+    def __init__(self, inner: Communicator) -> None:
+        self.inner = inner
+
+    @property
+    def rank(self) -> int:
+        return self.inner.rank
+
+    @property
+    def size(self) -> int:
+        return self.inner.size
+
+    def _ready(self) -> Communicator:
+        return self.inner
+
+    def allreduce(self, arr: Any) -> np.ndarray:
+        return self._ready().allreduce(arr)
+
+    def broadcast(self, arr: Any, root: int = 0) -> np.ndarray:
+        return self._ready().broadcast(arr, root)
+
+    def allreduce_scalars(self, values: Sequence[float]) -> list[float]:
+        return self._ready().allreduce_scalars(values)
+
+    def stats(self) -> dict[str, Any]:
+        return self.inner.stats()
+
+    def totals(self) -> dict[str, Any]:
+        return self.inner.totals()
+
+    def close(self, error: BaseException | None = None) -> None:
+        self.inner.close(error)
+
+
 class LocalCommunicator(Communicator):
     """The size-1 communicator: every collective is the identity (on a copy).
 

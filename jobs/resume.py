@@ -25,12 +25,9 @@ one that stands down never reaches the collective.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import numpy as np
 
-from allreduce.communicator import Communicator
+from allreduce.communicator import Communicator, WrappedCommunicator
 from jobs.checkpoint import CheckpointError
 
 SLOTS = 4  # passes reported per rank, newest first (a writer keeps two)
@@ -59,25 +56,17 @@ def decide(held: list[list[int]]) -> int | None:
     raise ResumeRestart(max(common), starts)
 
 
-class ResumeAgreement(Communicator):
+class ResumeAgreement(WrappedCommunicator):
     """``inner`` whose first collective is preceded by the resume agreement (module docstring).
 
     ``held``: the passes this rank can resume from, newest first (empty: none).
     """
 
     def __init__(self, inner: Communicator, held: list[int]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.held = sorted(set(held), reverse=True)[:SLOTS]
         self.agreed = False
         self.pass_no: int | None = None
-
-    @property
-    def rank(self) -> int:
-        return self.inner.rank
-
-    @property
-    def size(self) -> int:
-        return self.inner.size
 
     def _ready(self) -> Communicator:
         if not self.agreed:
@@ -87,21 +76,3 @@ class ResumeAgreement(Communicator):
             blocks = self.inner.allreduce(vec).reshape(self.size, SLOTS)
             self.pass_no = decide([[int(v) - 1 for v in row if v > 0] for row in blocks.tolist()])
         return self.inner
-
-    def allreduce(self, arr: Any) -> np.ndarray:
-        return self._ready().allreduce(arr)
-
-    def broadcast(self, arr: Any, root: int = 0) -> np.ndarray:
-        return self._ready().broadcast(arr, root)
-
-    def allreduce_scalars(self, values: Sequence[float]) -> list[float]:
-        return self._ready().allreduce_scalars(values)
-
-    def stats(self) -> dict[str, Any]:
-        return self.inner.stats()
-
-    def totals(self) -> dict[str, Any]:
-        return self.inner.totals()
-
-    def close(self, error: BaseException | None = None) -> None:
-        self.inner.close(error)

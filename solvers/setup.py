@@ -15,12 +15,9 @@ rank is left waiting in a collective. It also yields the totals of the mean-form
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import numpy as np
 
-from allreduce.communicator import Communicator
+from allreduce.communicator import Communicator, WrappedCommunicator
 from solvers.data import CSRData
 from solvers.errors import InvalidInputError, NonFiniteInputError
 from solvers.shard import Shard, find_problem
@@ -92,41 +89,18 @@ class Inputs:
         self.agreed = True
 
 
-class AgreeingCommunicator(Communicator):
+class AgreeingCommunicator(WrappedCommunicator):
     """The solvers' view of the caller's communicator: its first collective runs the input
     agreement first. ``close`` does nothing: the caller owns the communicator."""
 
     def __init__(self, inner: Communicator, inputs: Inputs):
-        self.inner = inner
+        super().__init__(inner)
         self.inputs = inputs
-
-    @property
-    def rank(self) -> int:
-        return self.inner.rank
-
-    @property
-    def size(self) -> int:
-        return self.inner.size
 
     def _ready(self) -> Communicator:
         if not self.inputs.agreed:
             self.inputs.agree(self.inner)
         return self.inner
-
-    def allreduce(self, arr: Any) -> np.ndarray:
-        return self._ready().allreduce(arr)
-
-    def broadcast(self, arr: Any, root: int = 0) -> np.ndarray:
-        return self._ready().broadcast(arr, root)
-
-    def allreduce_scalars(self, values: Sequence[float]) -> list[float]:
-        return self._ready().allreduce_scalars(values)
-
-    def stats(self) -> dict[str, Any]:
-        return self.inner.stats()
-
-    def totals(self) -> dict[str, Any]:
-        return self.inner.totals()
 
     def close(self, error: BaseException | None = None) -> None:
         pass
