@@ -191,6 +191,10 @@ class InjectConf:
         "", "chaos drill: when fail_shard fails, it first damages the newest shared checkpoint (per-rank checkpoints: its own): truncate, flip "
         "(one byte of its .npz), drop_npz or drop_json (delete that half); '' = off",
         OneOf(("", "truncate", "flip", "drop_npz", "drop_json")))
+    late_shard: int = param(-1, "chaos drill: this shard pauses late_s seconds after pass late_pass, a live rank far "
+                            "behind the others (-1: off)", Interval(-1, None, integer=True))
+    late_pass: int = param(2, "chaos drill: the pass after which late_shard pauses", Interval(1, None, integer=True))
+    late_s: float = param(0.0, "chaos drill: how long late_shard pauses", Interval(0.0, 86400.0))
 
 
 _SP = SolverParams()  # the solvers' own defaults: declared once, there

@@ -47,6 +47,15 @@ class Inject:
     fail_mode: str = "raise"
     pass_delay_s: float = 0.0
     corrupt_checkpoint: str = ""
+    late_shard: int = -1
+    late_pass: int = 2
+    late_s: float = 0.0
+
+    def maybe_lag(self, shard: int, pass_no: int) -> None:
+        """The late-rank drill: ``late_shard`` pauses ``late_s`` after pass ``late_pass``, alive
+        (its heartbeats go on) but far behind the other ranks."""
+        if (shard, pass_no) == (self.late_shard, self.late_pass) and self.late_s > 0:
+            time.sleep(self.late_s)
 
     def maybe_fail(self, shard: int, attempt: int, pass_no: int, checkpoint_dir: str = "") -> None:
         if (shard, attempt, pass_no) == (self.fail_shard, self.fail_attempt, self.fail_pass):
@@ -149,6 +158,7 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
     def on_pass_end(state: dict) -> None:
         p = int(state["pass"])
         spec.inject.maybe_fail(ctx.shard, ctx.attempt, p, spec.checkpoint_dir)
+        spec.inject.maybe_lag(ctx.shard, p)
         save_checkpoint(p, state)
         if spec.inject.pass_delay_s:
             time.sleep(spec.inject.pass_delay_s)

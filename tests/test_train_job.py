@@ -73,6 +73,21 @@ def test_k1_and_k2_reach_the_same_optimum_and_write_a_complete_model(spark, data
     assert ll == pytest.approx(r["logloss"], rel=1e-9)  # predict and evaluate score identically
 
 
+def test_a_rank_far_behind_in_a_late_pass_is_waited_for_with_the_same_model(spark, data, tmp_path):
+    """Shard 1 pauses 3 x allreduce.io_timeout_s after pass 2, alive: its neighbours wait on its
+    heartbeats; one attempt, and the model equals the undisturbed run's bit for bit."""
+    base = [*EXACT, "train.workers=2", "train.passes=5", "allreduce.io_timeout_s=1"]
+    clean = run_train(spark, _cfg(*base), str(data / "tr"), str(tmp_path / "clean"))
+    late = run_train(spark, _cfg(*base, "train.inject.late_shard=1", "train.inject.late_pass=2",
+                                 "train.inject.late_s=3"), str(data / "tr"), str(tmp_path / "late"))
+    assert [a["outcome"] for a in late["attempts"]] == ["succeeded"]
+    assert late["history"][2]["elapsed_s"] - late["history"][1]["elapsed_s"] > 3.0  # pass 3 waited for shard 1
+    w0, b0, _ = load_model(str(tmp_path / "clean"))
+    w1, b1, _ = load_model(str(tmp_path / "late"))
+    assert np.array_equal(w0.view(np.uint32), w1.view(np.uint32)) and b0 == b1
+    assert late["objective"] == clean["objective"]
+
+
 def test_killed_attempt_resumes_from_checkpoint(spark, data, tmp_path):
     base = ["train.workers=2", "train.passes=8", "train.holdout_period=0", "train.early_stop_passes=0",
             "train.checkpoint_interval_s=0", "spark.master=local[2]"]
