@@ -175,7 +175,7 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
     try:
         check_not_empty(merge_inputs(results, [f.uri for f in files]), fconf.allow_empty)
     except EmptyInputError:
-        fsutil.delete(staging)
+        fsutil.delete(root)
         raise
     try:
         group_map = _merge_groups(sc, spec, results)

@@ -186,8 +186,8 @@ def test_featurize_refuses_empty_inputs_unless_allowed(spark, tmp_path, capsys):
     with pytest.raises(EmptyInputError, match=r"none of the 1 lines became a row \(.*a.tsv: 0 lines, 0 quarantined; "
                                               r".*b.tsv: 1 lines, 1 quarantined \(\w+=1\)\); nothing committed"):
         run_featurize(spark, [str(raw)], str(tmp_path / "o"), spec, _cfg().featurize)
-    assert not (tmp_path / "o" / "_manifest.json").exists()
-    assert not list((tmp_path / "o").rglob("*.parquet"))
+    assert not (tmp_path / "o").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw"]  # no staging directory left behind
     m = run_featurize(spark, [str(raw)], str(tmp_path / "o"), spec, _cfg("featurize.allow_empty=true").featurize)
     assert (m["rows"], m["lines"], m["files"]) == (0, 1, [])
     assert json.loads((tmp_path / "o" / "_manifest.json").read_text())["rows"] == 0
