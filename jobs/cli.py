@@ -99,12 +99,21 @@ def featurize_summary(m: dict) -> str:
         f"  rows in            {m['lines']:,}",
         f"  rows written       {m['rows']:,} in {len(m['files'])} Parquet files",
         f"  rows quarantined   {q['rows']:,} ({reasons})",
+        *_sampling_lines(m),
         f"  positive rate      {m['label_mean']:.4f}" if m["label_mean"] is not None else "  positive rate      n/a",
         f"  distinct features  {distinct} of 2^{m['spec']['bits']}",
         f"  non-zeros          {m['nnz']:,} ({m['nnz'] / max(m['rows'], 1):.1f} per row)",
         f"  bytes written      {m['bytes']:,}",
         f"  time               {m['seconds']:.2f} s, {rate:,.0f} rows/s",
     ])
+
+
+def _sampling_lines(m: dict) -> list[str]:
+    s = m.get("sampling") or {}
+    if s.get("negative_rate", 1.0) >= 1.0:
+        return []
+    return [f"  rows dropped       {s['negatives_dropped']:,} negatives (negative_rate {s['negative_rate']:g}; "
+            f"kept {s['after']['negatives']:,} of {s['before']['negatives']:,} at weight {s['negative_weight']:g})"]
 
 
 def cmd_featurize(args) -> int:
@@ -153,7 +162,7 @@ def metrics_summary(r: dict) -> str:
         f"  auROC               {r['auroc']:.6f}",
         f"  auPRC               {r['auprc']:.6f}",
         f"  calibration         {r['calibration']:.4f} (mean prediction {r['mean_prediction']:.4f} / positive rate {r['positive_rate']:.4f})",
-    ])
+    ] + ([f"  weighting           {r['weighting']['note']}"] if "weighting" in r else []))
 
 
 def evaluate(cfg, data_dir: str, model_dir: str) -> dict:
@@ -183,7 +192,8 @@ def cmd_predict(args) -> int:
 
     cfg = _resolve(args)
     args.model = _model_path(args.model)
-    m = predict(get_spark(cfg.spark), args.input, args.model, args.output, tuple(cfg.predict.keep_columns))
+    m = predict(get_spark(cfg.spark), args.input, args.model, args.output, tuple(cfg.predict.keep_columns),
+                cfg.predict.calibration)
     _say(f"wrote {m['rows']:,} predictions ({m['column']}) in {len(m['files'])} files -> {args.output}")
     return 0
 

@@ -160,6 +160,13 @@ class FeaturizeConf:
     )
     block_mb: int = param(16, "bytes read and parsed per batch inside a task", Interval(1, 1024, integer=True))
     compression: str = param("snappy", "Parquet compression codec", OneOf(("snappy", "zstd", "lz4", "none")))
+    negative_rate: float = param(
+        1.0, "negative downsampling: keep every positive and each negative (label 0) with this probability, "
+        "decided by a hash of (input file, line number, sample_seed); kept negatives get weight 1/rate, so "
+        "training and evaluate estimate the unsampled population (1 = keep every row)",
+        Interval(0.0, 1.0, lo_open=True),
+    )
+    sample_seed: int = param(0, "seed of the negative_rate keep decisions", Interval(0, 2**32 - 1, integer=True))
     inject_fail_task: int = param(
         -1, "chaos drill: the first attempt of this task fails after writing part of its output (-1: off)",
         Interval(-1, None, integer=True),
@@ -259,6 +266,13 @@ class SparkConf:
 class PredictConf:
     keep_columns: tuple = param(("label",), "dataset columns copied next to the prediction",
                                 SubsetOf(("label", "weight", "indices", "values")))
+    calibration: str = param(
+        "population",
+        "probabilities of a model trained on negative-downsampled data (featurize.negative_rate = r < 1): "
+        "population = sigma(margin), calibrated to the unsampled data (the 1/r weights already corrected it); "
+        "sampled = sigma(margin - ln r), the click rate among the kept rows, for teams that correct it themselves",
+        OneOf(("population", "sampled")),
+    )
 
 
 @dataclass(frozen=True)

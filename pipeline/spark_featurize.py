@@ -93,6 +93,7 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
     opts = TaskOptions(
         max_line_bytes=fconf.max_line_bytes, block_bytes=fconf.block_mb << 20,
         on_error=fconf.on_error, compression=fconf.compression,
+        negative_rate=float(fconf.negative_rate), sample_seed=int(fconf.sample_seed),
     )
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     staging = fsutil.join(out, TEMP_DIR, run_id)
