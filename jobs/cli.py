@@ -198,6 +198,53 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def cmd_score(args) -> int:
+    """Raw lines on stdin -> one score per line on stdout; no Spark (``pipeline.scorer``)."""
+    import numpy as np
+
+    from pipeline.scorer import MalformedLine, Scorer
+
+    if args.chunk_mb < 1:
+        raise UsageError(f"--chunk-mb {args.chunk_mb}: must be >= 1")
+    cfg = load_config(args.conf, args.sets)
+    scorer = Scorer.from_model_dir(args.model, cfg.predict.calibration)
+    stdin, out = sys.stdin.buffer, sys.stdout
+    chunk_bytes = args.chunk_mb << 20
+    line, bad, carry = 1, 0, b""
+    while True:
+        data = stdin.read(chunk_bytes)
+        if data:
+            data = carry + data
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                carry = data
+                continue
+            block, carry = data[:cut], data[cut:]
+        else:
+            block, carry = carry, b""
+            if not block:
+                break
+        scores = scorer.predict_block(block, skip_bad=True, first_line=line)
+        nan = np.isnan(scores)
+        if nan.any() and not args.skip_bad:
+            first = int(np.flatnonzero(nan)[0])
+            if first:
+                out.write("\n".join(map(repr, scores[:first].tolist())) + "\n")
+            out.flush()
+            scorer.predict_block(block, first_line=line)  # raises MalformedLine naming the line
+            raise MalformedLine(line + first, "unknown")  # not reached: the parser rejected the line
+        bad += int(nan.sum())
+        if scores.shape[0]:
+            out.write("\n".join(map(repr, scores.tolist())) + "\n")
+        line += scores.shape[0]
+        if not data:
+            break
+    out.flush()
+    if bad:
+        print(f"terascale score: {bad:,} malformed lines scored as nan (--skip-bad)", file=sys.stderr)
+    return 0
+
+
 def cmd_report(args) -> int:
     from jobs.report import build_report
 
@@ -338,6 +385,14 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--output", required=True, metavar="DIR")
     _add_conf_args(pr)
     pr.set_defaults(fn=cmd_predict)
+
+    sc = sub.add_parser("score", help="score raw TSV/LibSVM lines from stdin, one score per line on stdout (no Spark)")
+    sc.add_argument("--model", required=True, metavar="MODEL_DIR", help="model directory or pointer")
+    sc.add_argument("--skip-bad", action="store_true",
+                    help="write nan for a malformed line and go on (default: stop with an error naming the line, exit 1)")
+    sc.add_argument("--chunk-mb", type=int, default=8, help="stdin is read and scored this many MiB at a time")
+    _add_conf_args(sc)
+    sc.set_defaults(fn=cmd_score)
 
     rp = sub.add_parser("report", help="an HTML page with plots of a training run (and its evaluation)")
     rp.add_argument("model", metavar="MODEL_DIR")
