@@ -245,6 +245,19 @@ def cmd_score(args) -> int:
     return 0
 
 
+def cmd_inspect(args) -> int:
+    from pipeline.modelinspect import render, top_features
+
+    if args.top < 1:
+        raise UsageError(f"--top {args.top}: must be >= 1")
+    r = top_features(args.model, args.top, args.names)
+    if args.json:
+        print(json.dumps(r, indent=2))
+    else:
+        _say(render(r))
+    return 0
+
+
 def cmd_report(args) -> int:
     from jobs.report import build_report
 
@@ -393,6 +406,16 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--chunk-mb", type=int, default=8, help="stdin is read and scored this many MiB at a time")
     _add_conf_args(sc)
     sc.set_defaults(fn=cmd_score)
+
+    ins = sub.add_parser("inspect", help="a model's heaviest features by |weight|, named by its token dictionary")
+    ins.add_argument("model", metavar="MODEL_DIR", help="model directory or pointer")
+    ins.add_argument("--top", type=int, default=50, help="how many features (default 50)")
+    nm = ins.add_mutually_exclusive_group()
+    nm.add_argument("--names", action="store_true", default=None,
+                    help="require token names (fails when the model has no token dictionary)")
+    nm.add_argument("--no-names", action="store_false", dest="names", help="buckets and weights only")
+    ins.add_argument("--json", action="store_true", help="print JSON")
+    ins.set_defaults(fn=cmd_inspect)
 
     rp = sub.add_parser("report", help="an HTML page with plots of a training run (and its evaluation)")
     rp.add_argument("model", metavar="MODEL_DIR")

@@ -135,6 +135,9 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
         "train_seconds": time.perf_counter() - t0,
     }
     try:
+        tokens = modeldir.copy_token_dictionary(data_dir, manifest, staging)
+        if tokens:
+            metadata["dictionary"] = tokens
         modeldir.commit(staging, model_dir, metadata)
     except Exception:
         fsutil.delete(staging)

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import fsutil, groups, sampling
+from pipeline import fsutil, groups, sampling, tokendict
 from pipeline.blocks import BlockParser, LongLine, Piece, iter_blocks
 from pipeline.rowkernels import LINE_TOO_LONG, REASONS
 from pipeline.spec import FeatureSpec
@@ -74,6 +74,9 @@ class TaskOptions:
     inject_fail: bool = False  # chaos drill: fail after the first row group is written
     negative_rate: float = 1.0  # keep each negative with this probability (pipeline.sampling)
     sample_seed: int = 0  # the seed of the keep decisions
+    token_dictionary: bool = False  # keep a bounded sample of each bucket's tokens (pipeline.tokendict)
+    dictionary_per_bucket: int = 4
+    dictionary_max_buckets: int = 1 << 20
 
 
 def _arrow_batch(labels, indptr, indices, values, multi, weights) -> pa.RecordBatch:
@@ -127,6 +130,8 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
     group_map = groups.new_map(spec.bits)  # None above GROUPS_MAX_BITS
     parser = BlockParser(spec, opts.max_line_bytes, groups=group_map)  # the kernels update the map
     quarantine = _Quarantine(opts.raw_cap)
+    tokens = (tokendict.TokenSample(spec, opts.dictionary_per_bucket, opts.dictionary_max_buckets)
+              if opts.token_dictionary else None)
     per_input: dict[str, dict] = {}
     totals = {"rows": 0, "nnz": 0, "positives": 0.0, "weight_sum": 0.0, "multi_rows": 0}
     pending: list[pa.RecordBatch] = []
@@ -169,6 +174,8 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
                         s, ln = int(pb.line_start[i]), int(pb.line_len[i])
                         raw = item.data[s : s + min(ln, opts.raw_cap)].tobytes()
                         bad_line(piece.uri, line_no + int(i), item.offset + s, int(pb.status[i]), ln, raw, stats)
+                if tokens is not None:
+                    tokens.add_block(item.data, pb.status, pb.line_start, pb.line_len)
                 labels, indptr, indices, values, multi = pb.labels, pb.indptr, pb.indices, pb.values, pb.row_multi
                 stats["lines"] += pb.n_lines
                 if opts.negative_rate < 1.0 and labels.shape[0]:
@@ -212,8 +219,13 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
     if group_map is not None and totals["rows"] > 0:  # a task without rows adds nothing to the map
         g_path = fsutil.join(attempt_dir, groups.TASK_GROUPS_FILE)
         groups.write_map(g_path, group_map)
+    t_path = None
+    if tokens is not None and tokens.tokens:
+        t_path = fsutil.join(attempt_dir, tokendict.TASK_TOKENS_FILE)
+        tokendict.write_table(t_path, tokens.table())
     return {
         "task": task_index,
+        "dictionary_path": t_path,  # the task's token dictionary (pipeline.tokendict), merged by the driver
         "data_path": data_path,
         "quarantine_path": q_path,
         "bytes": int(fs.get_file_info(data_inner).size),

@@ -20,7 +20,7 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from allreduce.spark import spark_error_summary as task_error_summary
-from pipeline import fsutil, groups
+from pipeline import fsutil, groups, tokendict
 from pipeline.blocks import Piece, align_range
 from pipeline.featurize_task import MalformedInput, TaskOptions, run_task
 from pipeline.manifest import MANIFEST, QUARANTINE_DIR, build_manifest, merge_inputs
@@ -94,6 +94,8 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
         max_line_bytes=fconf.max_line_bytes, block_bytes=fconf.block_mb << 20,
         on_error=fconf.on_error, compression=fconf.compression,
         negative_rate=float(fconf.negative_rate), sample_seed=int(fconf.sample_seed),
+        token_dictionary=bool(fconf.token_dictionary), dictionary_per_bucket=int(fconf.dictionary_per_bucket),
+        dictionary_max_buckets=int(fconf.dictionary_max_buckets),
     )
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     staging = fsutil.join(out, TEMP_DIR, run_id)
@@ -130,8 +132,13 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
         raise FeaturizeError(f"featurize failed merging the group maps: {task_error_summary(e)}") from e
     finally:
         sc.setJobDescription(None)
+    try:
+        tokens = _merge_tokens(staging, opts, results)
+    except Exception as e:  # noqa: BLE001 - a failed merge leaves no dataset, like any other failure
+        fsutil.delete(staging)
+        raise FeaturizeError(f"featurize failed merging the token dictionaries: {e}") from e
     manifest = _commit(out, staging, spec, [f.uri for f in files], results, time.perf_counter() - t0, asdict(opts),
-                       group_map)
+                       group_map, tokens)
     return manifest
 
 
@@ -154,13 +161,23 @@ def _merge_groups(sc, spec: FeatureSpec, results: list[dict]) -> np.ndarray | No
             .treeReduce(groups.merge_maps, depth))
 
 
+def _merge_tokens(staging: str, opts: TaskOptions, results: list[dict]) -> dict | None:
+    """The accepted attempts' token dictionaries merged into staging (``pipeline.tokendict``)."""
+    if not opts.token_dictionary:
+        return None
+    paths = [r["dictionary_path"] for r in sorted(results, key=lambda r: r["task"]) if r.get("dictionary_path")]
+    path = fsutil.join(staging, tokendict.TOKENS_FILE)
+    entry = tokendict.merge_files(paths, path, opts.dictionary_per_bucket, opts.dictionary_max_buckets)
+    return {"path": tokendict.TOKENS_FILE, "staged": path, **entry}
+
+
 def _commit(out: str, staging: str, spec: FeatureSpec, inputs: list[str], results: list[dict],
-            seconds: float, options: dict, group_map: np.ndarray | None = None) -> dict:
+            seconds: float, options: dict, group_map: np.ndarray | None = None, tokens: dict | None = None) -> dict:
     manifest_path = fsutil.join(out, MANIFEST)
     fsutil.delete(manifest_path)  # the dataset is uncommitted from here until the new manifest lands
     for old in fsutil.list_files(out):
         name = old.rsplit("/", 1)[-1]
-        if (name.startswith("part-") and name.endswith(".parquet")) or name == groups.GROUPS_FILE:
+        if (name.startswith("part-") and name.endswith(".parquet")) or name in (groups.GROUPS_FILE, tokendict.TOKENS_FILE):
             fsutil.delete(old)
     fsutil.delete(fsutil.join(out, QUARANTINE_DIR))
     files, qfiles = [], []
@@ -184,6 +201,9 @@ def _commit(out: str, staging: str, spec: FeatureSpec, inputs: list[str], result
         group_entry = {"path": groups.GROUPS_FILE, "names": groups.group_names(spec), "buckets": distinct}
     manifest = build_manifest(spec, inputs, files, qfiles, merge_inputs(results, inputs), distinct, seconds, options,
                               groups=group_entry)
+    if tokens is not None:  # the token dictionary (pipeline.tokendict), in place before the manifest
+        fsutil.move(tokens["staged"], fsutil.join(out, tokendict.TOKENS_FILE))
+        manifest["dictionary"] = {k: v for k, v in tokens.items() if k != "staged"}
     fsutil.write_json_atomic(manifest_path, manifest)
     fsutil.delete(staging)
     temp_root = fsutil.join(out, TEMP_DIR)
