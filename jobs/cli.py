@@ -162,7 +162,8 @@ def metrics_summary(r: dict) -> str:
         f"  auROC               {r['auroc']:.6f}",
         f"  auPRC               {r['auprc']:.6f}",
         f"  calibration         {r['calibration']:.4f} (mean prediction {r['mean_prediction']:.4f} / positive rate {r['positive_rate']:.4f})",
-    ] + ([f"  weighting           {r['weighting']['note']}"] if "weighting" in r else []))
+    ] + ([f"  weighting           {w['note']}"] if (w := r.get("weighting"))
+         and min(w["model_negative_rate"], w["dataset_negative_rate"]) < 1 else []))
 
 
 def evaluate(cfg, data_dir: str, model_dir: str) -> dict:
