@@ -220,7 +220,7 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
         g_path = fsutil.join(attempt_dir, groups.TASK_GROUPS_FILE)
         groups.write_map(g_path, group_map)
     t_path = None
-    if tokens is not None and tokens.tokens:
+    if tokens is not None and tokens.table().num_rows:
         t_path = fsutil.join(attempt_dir, tokendict.TASK_TOKENS_FILE)
         tokendict.write_table(t_path, tokens.table())
     return {

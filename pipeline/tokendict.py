@@ -25,9 +25,6 @@ so a name is always a token that hashes to its bucket.
 
 from __future__ import annotations
 
-import bisect
-import heapq
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,11 +33,12 @@ import pyarrow.parquet as pq
 
 from pipeline import fsutil
 from pipeline.sampling import _mix64
-from pipeline.spec import FeatureSpec, cat_token, conjunction_token, int_token
+from pipeline.spec import FeatureSpec, int_token
 
 TOKENS_FILE = "_tokens.parquet"
 TASK_TOKENS_FILE = "tokens.parquet"
 SCHEMA = pa.schema([pa.field("bucket", pa.int32(), nullable=False), pa.field("token", pa.string(), nullable=False)])
+REDUCE_MIN_ROWS = 1 << 16  # a task buffers at least this many new (bucket, token) pairs between reductions
 _COLUMNS = ["label", *(f"I{k}" for k in range(1, 14)), *(f"C{k}" for k in range(1, 27))]
 
 
@@ -48,20 +46,24 @@ def _priority(buckets: np.ndarray) -> np.ndarray:
     return _mix64(np.asarray(buckets, dtype=np.int64).astype(np.uint64))
 
 
-def _token(spec: FeatureSpec, field: str, raw: str) -> str:
-    return int_token(field, int(raw), spec.int_bucketing) if field[0] == "I" else cat_token(field, raw)
-
-
 class TokenSample:
-    """One task's dictionary, updated block by block (see the module docstring)."""
+    """One task's dictionary, updated block by block (see the module docstring).
+
+    Tokens are built, hashed and reduced as Arrow arrays (no Python object per token): a block's
+    distinct field values become tokens with Arrow string kernels, their buckets come from the
+    murmur3 kernel run over the Arrow buffers, and new (bucket, token) pairs are buffered and
+    reduced with the kept ones (:func:`reduce`) whenever the buffer outgrows them, so the work
+    is O(n log n) over the distinct pairs and memory stays within twice the bound plus a block.
+    """
 
     def __init__(self, spec: FeatureSpec, per_bucket: int, max_buckets: int):
         if spec.format != "criteo":
             raise ValueError("a token dictionary is built for Criteo TSV only (LibSVM features are named by index)")
         self.spec, self.k, self.m = spec, int(per_bucket), int(max_buckets)
         self.mask = (1 << spec.bits) - 1
-        self.tokens: dict[int, list[str]] = {}
-        self._heap: list[tuple[int, int]] = []  # (-priority, -bucket): the largest kept priority on top
+        self._kept = _empty()
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
 
     def _columns(self, data: np.ndarray, status: np.ndarray, line_start: np.ndarray, line_len: np.ndarray) -> pa.Table | None:
         good = status == 0
@@ -89,7 +91,8 @@ class TokenSample:
             pass
         # lines Arrow's reader splits differently (a carriage return inside a field): plain Python
         rows = [line.split(b"\t") for line in buf.split(b"\n")[:n]]
-        return pa.table({c: [r[_COLUMNS.index(c)].decode("utf-8", "replace") for r in rows] for c in self._needed()})
+        return pa.table({c: pa.array([r[_COLUMNS.index(c)].decode("utf-8", "replace") for r in rows], pa.string())
+                         for c in self._needed()})
 
     def _needed(self) -> list[str]:
         names = list(self.spec.fields)
@@ -97,56 +100,68 @@ class TokenSample:
             names += [a, b]
         return list(dict.fromkeys(names))
 
+    def _tokens(self, field: str, values: pa.Array) -> pa.Array:
+        """The tokens of a field's raw values (none empty): ``Ck=value``, or ``Ik=bucket``."""
+        if field[0] != "I":
+            return pc.binary_join_element_wise(f"{field}=", values, "")
+        uniq = pc.unique(values)  # few distinct integers: bucket each once, in Python (pipeline.spec)
+        names = pa.array([int_token(field, int(v), self.spec.int_bucketing) for v in uniq.to_pylist()], pa.string())
+        return pc.take(names, pc.index_in(values, value_set=uniq))
+
     def add_block(self, data: np.ndarray, status: np.ndarray, line_start: np.ndarray, line_len: np.ndarray) -> None:
         """Add the tokens of a parsed block's good lines (the block's bytes and the kernel's per-line
         status, starts and lengths)."""
         t = self._columns(data, status, line_start, line_len)
         if t is None:
             return
-        toks: list[str] = []
+        parts = []
         for f in self.spec.fields:
-            toks += [_token(self.spec, f, v) for v in pc.unique(t[f]).to_pylist() if v != ""]
+            u = pc.unique(t[f])
+            parts.append(self._tokens(f, u.filter(pc.not_equal(u, ""))))
         for a, b in self.spec.conjunctions:
             both = pc.and_(pc.not_equal(t[a], ""), pc.not_equal(t[b], ""))
-            pairs = pc.unique(pc.binary_join_element_wise(pc.filter(t[a], both), pc.filter(t[b], both), "\t"))
-            for p in pairs.to_pylist():
-                va, vb = p.split("\t")
-                toks.append(conjunction_token(_token(self.spec, a, va), _token(self.spec, b, vb)))
-        self.add_tokens(toks)
+            pairs = pc.split_pattern(pc.unique(pc.binary_join_element_wise(pc.filter(t[a], both), pc.filter(t[b], both),
+                                                                           "\t")), "\t")
+            ta = self._tokens(a, pc.list_element(pairs, 0))
+            tb = self._tokens(b, pc.list_element(pairs, 1))
+            parts.append(pc.binary_join_element_wise(ta, tb, "^"))
+        self.add_tokens(pa.concat_arrays([p.cast(pa.string()) for p in parts]))
 
-    def add_tokens(self, toks: list[str]) -> None:
-        from pipeline.hashing import hash_tokens
-
-        if not toks:
+    def add_tokens(self, toks) -> None:
+        """Add tokens (an Arrow string array, or a list of str)."""
+        arr = pa.array(toks, pa.string()) if not isinstance(toks, pa.Array) else toks
+        if len(arr) == 0:
             return
-        buckets = (hash_tokens(toks, self.spec.seed).astype(np.int64) & self.mask).tolist()
-        prio = _priority(np.array(buckets, dtype=np.int64)).tolist()
-        for tok, b, p in zip(toks, buckets, prio, strict=True):
-            lst = self.tokens.get(b)
-            if lst is None:
-                if len(self.tokens) >= self.m:
-                    top_p, top_b = -self._heap[0][0], -self._heap[0][1]
-                    if (p, b) > (top_p, top_b):
-                        continue
-                    heapq.heapreplace(self._heap, (-p, -b))
-                    del self.tokens[top_b]
-                else:
-                    heapq.heappush(self._heap, (-p, -b))
-                self.tokens[b] = [tok]
-                continue
-            i = bisect.bisect_left(lst, tok)
-            if i < len(lst) and lst[i] == tok:
-                continue
-            if len(lst) < self.k:
-                lst.insert(i, tok)
-            elif i < self.k:
-                lst.insert(i, tok)
-                lst.pop()
+        buckets = (hash_arrow_strings(arr, self.spec.seed) & self.mask).astype(np.int32)
+        self._pending.append(pa.table({"bucket": pa.array(buckets), "token": arr}, schema=SCHEMA))
+        self._pending_rows += len(arr)
+        if self._pending_rows >= max(self._kept.num_rows, REDUCE_MIN_ROWS):
+            self._reduce()
+
+    def _reduce(self) -> None:
+        if self._pending:
+            self._kept = reduce(pa.concat_tables([self._kept, *self._pending]), self.k, self.m)
+            self._pending, self._pending_rows = [], 0
 
     def table(self) -> pa.Table:
-        b = sorted(self.tokens)
-        return pa.table({"bucket": pa.array([x for x in b for _ in self.tokens[x]], pa.int32()),
-                         "token": pa.array([t for x in b for t in self.tokens[x]], pa.string())}, schema=SCHEMA)
+        """The sample: (bucket, token) sorted by bucket, then token."""
+        self._reduce()
+        return self._kept
+
+
+def hash_arrow_strings(arr: pa.Array, seed: int) -> np.ndarray:
+    """murmur3_32 (``mmh3.hash`` semantics, unsigned) of each string of an Arrow string array, as int64."""
+    from pipeline.hashing import hash_buffers  # numba: imported only where a dictionary is built
+
+    arr = pa.concat_arrays([arr.cast(pa.large_string())])  # offset 0, int64 offsets
+    n = len(arr)
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64, count=n + 1)
+    data = np.frombuffer(arr.buffers()[2], dtype=np.uint8) if arr.buffers()[2] is not None else np.zeros(0, np.uint8)
+    return hash_buffers(data, offsets, seed)
+
+
+def _empty() -> pa.Table:
+    return pa.table({"bucket": pa.array([], pa.int32()), "token": pa.array([], pa.string())}, schema=SCHEMA)
 
 
 def write_table(path: str, table: pa.Table) -> None:
@@ -182,7 +197,7 @@ def reduce(table: pa.Table, per_bucket: int, max_buckets: int) -> pa.Table:
 def merge_files(paths: list[str], out_path: str, per_bucket: int, max_buckets: int) -> dict:
     """Merge the tasks' dictionaries one file at a time (memory: the running result plus one
     file), write ``out_path``; return the manifest entry's counts."""
-    acc = pa.table({"bucket": pa.array([], pa.int32()), "token": pa.array([], pa.string())}, schema=SCHEMA)
+    acc = _empty()
     for p in paths:
         acc = reduce(pa.concat_tables([acc, read_table(p)]), per_bucket, max_buckets)
     write_table(out_path, acc)
