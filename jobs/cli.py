@@ -138,7 +138,8 @@ def train_summary(meta: dict) -> str:
     best = min(held, key=lambda x: x["holdout_loss"]) if held else None
     return "\n".join([
         f"  solver             {meta['config']['train']['solver']} ({len(ranks)} workers), loss {meta['config']['train']['loss']}, l2 {meta['config']['train']['l2']:g}",
-        f"  rows               {meta['data']['train_rows']:,} train + {meta['data']['holdout_rows']:,} held out",
+        f"  rows               {meta['data']['train_rows']:,} train + {meta['data']['holdout_rows']:,} held out"
+        + (f" (negatives kept at rate {r:g}, weighted 1/{r:g})" if (r := meta["data"].get("negative_rate", 1.0)) < 1 else ""),
         f"  passes             {len(h)} (stopped: {meta.get('stop_reason') or 'n/a'}); objective {meta['objective']:.6f} at the returned weights"
         + (f"; best held-out loss {best['holdout_loss']:.6f} (pass {best['pass']})" if best else ""),
         f"  time in job        {meta['train_seconds']:.2f} s (attempts: {len(meta['attempts'])})",
