@@ -20,7 +20,6 @@ from pipeline.scorer import MalformedLine, Scorer
 from pipeline.spark_featurize import run_featurize
 from pipeline.spec import FeatureSpec
 
-pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 0.5
 SPEC = FeatureSpec(fields=CRITEO_FIELDS, bits=16, seed=7, conjunctions=(("C6", "C9"),))
@@ -47,6 +46,7 @@ def _predicted(spark, d: Path, calibration: str) -> np.ndarray:
     return pa.concat_tables([pq.read_table(out / f["path"]) for f in p["files"]])["probability"].to_numpy()
 
 
+@pytest.mark.spark
 def test_scorer_equals_predict_bit_for_bit(spark, trained):
     d, m_all, meta = trained
     assert meta["data"]["negative_rate"] == RATE and "no correction" in meta["data"]["weighting"]
@@ -72,6 +72,7 @@ def test_scorer_equals_predict_bit_for_bit(spark, trained):
     assert "calibrated to the unsampled data" in r["weighting"]["note"]
 
 
+@pytest.mark.spark
 def test_malformed_lines_are_named(trained):
     d, _, _ = trained
     good = [x.decode() for x in (d / "raw" / "part-00000.tsv").read_bytes().split(b"\n")[:3]]
@@ -87,6 +88,7 @@ def test_malformed_lines_are_named(trained):
         Scorer.from_model_dir(str(d / "model"), "raw")
 
 
+@pytest.mark.spark
 def test_score_command_needs_no_spark_and_names_bad_lines(trained, tmp_path):
     d, _, _ = trained
     lines = (d / "raw" / "part-00000.tsv").read_bytes().split(b"\n")[:400]
@@ -104,3 +106,40 @@ def test_score_command_needs_no_spark_and_names_bad_lines(trained, tmp_path):
     r = run("--set", "predict.calibration=sampled")
     assert r.returncode == 1 and f"line {bad + 1}: malformed" in r.stderr.decode()
     assert r.stdout.decode().splitlines() == [repr(x) for x in want[:bad].tolist()]  # the lines before it
+
+
+def test_libsvm_lines_score_as_their_featurized_rows(tmp_path):
+    """LibSVM: raw lines through the scorer = their Parquet rows (written by a featurize task) through
+    the predict job's numeric path (read_csr + solvers.predict), bit for bit."""
+    from pipeline import modeldir
+    from pipeline.blocks import Piece
+    from pipeline.dataset import tables_to_csr
+    from pipeline.featurize_task import TaskOptions, run_task
+    from solvers.predict import predict_proba
+
+    rng = np.random.default_rng(3)
+    lines = []
+    for i in range(2000):
+        idx = np.unique(rng.integers(1, 3000, size=rng.integers(1, 30)))
+        vals = rng.choice(["1", "0.5", "2.25", "-3e-1"], size=idx.shape[0])
+        lines.append(f"{rng.choice(['-1', '+1', '0', '1'])} " + " ".join(f"{a}:{v}" for a, v in zip(idx, vals, strict=True)))
+    lines[7] = "1 5:x"  # unparsable
+    raw = tmp_path / "a.libsvm"
+    raw.write_text("\n".join(lines) + "\n")
+    spec = FeatureSpec(format="libsvm", bits=12, seed=0)
+    opts = TaskOptions(max_line_bytes=65536, block_bytes=1 << 20, on_error="quarantine", compression="none")
+    r = run_task(0, [Piece(str(raw), 0, raw.stat().st_size, 1)], spec, opts, str(tmp_path / "task"))
+    csr = tables_to_csr([pq.read_table(r["data_path"])], 1 << 12)
+    w = (rng.normal(size=1 << 12) * 0.3).astype(np.float32)
+    stage = str(tmp_path / "m.tmp")
+    modeldir.write_weights(stage, w)
+    cfg = load_config([], ["featurize.format=libsvm", "featurize.bits=12"])
+    modeldir.commit(stage, str(tmp_path / "m"), {"spec": spec.to_json(), "intercept": -0.25,
+                                                  "config": {"train": {"loss": "logistic"}, "featurize": {
+                                                      "max_line_bytes": cfg.featurize.max_line_bytes}}})
+    got = Scorer.from_model_dir(str(tmp_path / "m")).predict_lines(lines, skip_bad=True)
+    assert np.isnan(got[7]) and int(np.isnan(got).sum()) == 1
+    want = predict_proba(csr, w, -0.25)
+    np.testing.assert_array_equal(got[~np.isnan(got)].view(np.uint64), want.view(np.uint64))
+    with pytest.raises(MalformedLine, match=r"line 8: malformed"):
+        Scorer.from_model_dir(str(tmp_path / "m")).predict_lines(lines)
