@@ -119,7 +119,7 @@ def test_libsvm_lines_score_as_their_featurized_rows(tmp_path):
 
     rng = np.random.default_rng(3)
     lines = []
-    for i in range(2000):
+    for _ in range(2000):
         idx = np.unique(rng.integers(1, 3000, size=rng.integers(1, 30)))
         vals = rng.choice(["1", "0.5", "2.25", "-3e-1"], size=idx.shape[0])
         lines.append(f"{rng.choice(['-1', '+1', '0', '1'])} " + " ".join(f"{a}:{v}" for a, v in zip(idx, vals, strict=True)))
