@@ -46,7 +46,11 @@ class MalformedLine(ValueError):
 
 
 class Scorer:
-    """A model's weights, intercept and feature spec, ready to score raw lines."""
+    """A model's weights, intercept and feature spec, ready to score raw lines.
+
+    A Scorer reuses its parser's buffers between calls: use one per thread (they can share
+    nothing but the read-only weights).
+    """
 
     def __init__(self, weights: np.ndarray, intercept: float, meta: dict, calibration: str = "population"):
         if calibration not in CALIBRATIONS:
