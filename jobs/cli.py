@@ -209,7 +209,7 @@ def cmd_score(args) -> int:
     if args.chunk_mb < 1:
         raise UsageError(f"--chunk-mb {args.chunk_mb}: must be >= 1")
     cfg = load_config(args.conf, args.sets)
-    scorer = Scorer.from_model_dir(args.model, cfg.predict.calibration)
+    scorer = Scorer.from_model_dir(args.model, cfg.predict.calibration, labeled=not args.no_label)
     stdin, out = sys.stdin.buffer, sys.stdout
     chunk_bytes = args.chunk_mb << 20
     line, bad, carry = 1, 0, b""
@@ -405,6 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--model", required=True, metavar="MODEL_DIR", help="model directory or pointer")
     sc.add_argument("--skip-bad", action="store_true",
                     help="write nan for a malformed line and go on (default: stop with an error naming the line, exit 1)")
+    sc.add_argument("--no-label", action="store_true",
+                    help="lines carry no label field (serving logs): each line is scored as if it began with label 0")
     sc.add_argument("--chunk-mb", type=int, default=8, help="stdin is read and scored this many MiB at a time")
     _add_conf_args(sc)
     sc.set_defaults(fn=cmd_score)

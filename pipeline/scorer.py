@@ -7,7 +7,10 @@ probabilities. So a line scores to the same float64 bits here as its row does in
 
 Lines are in the format the model was featurized from (``spec.format``): Criteo TSV (label, 13
 integer fields, 26 categorical fields) or LibSVM (``label idx:val ...``). The label must be
-valid (it is parsed as in featurize) but is not used for scoring.
+valid (it is parsed as in featurize) but is not used for scoring. Serving logs without the
+label (``labeled=False``): the scorer puts a label 0 in front of every line (``0\t`` or ``0 ``)
+before parsing, so such a line scores exactly as the labeled line would (a line within two
+bytes of ``max_line_bytes`` may then count as too long).
 
 A malformed line (a line featurize would quarantine: bad label, wrong field count, bad integer,
 empty, too long) is an error naming its 1-based line number and reason
@@ -52,7 +55,8 @@ class Scorer:
     nothing but the read-only weights).
     """
 
-    def __init__(self, weights: np.ndarray, intercept: float, meta: dict, calibration: str = "population"):
+    def __init__(self, weights: np.ndarray, intercept: float, meta: dict, calibration: str = "population",
+                 labeled: bool = True):
         if calibration not in CALIBRATIONS:
             raise ValueError(f"calibration {calibration!r}: must be one of {list(CALIBRATIONS)}")
         self.weights = weights
@@ -66,12 +70,13 @@ class Scorer:
         max_line = int(meta["config"].get("featurize", {}).get("max_line_bytes", 65536))
         self._parser = BlockParser(self.spec, max_line)
         self._n_features = 1 << self.spec.bits
+        self._prefix = b"" if labeled else (b"0\t" if self.spec.format == "criteo" else b"0 ")
 
     @classmethod
-    def from_model_dir(cls, path: str, calibration: str = "population") -> Scorer:
+    def from_model_dir(cls, path: str, calibration: str = "population", labeled: bool = True) -> Scorer:
         """Load a model directory (or a pointer file naming one, ``terascale publish``)."""
         w, b, meta = modeldir.load_model(resolve_model(path))
-        return cls(w, b, meta, calibration)
+        return cls(w, b, meta, calibration, labeled)
 
     @property
     def column(self) -> str:
@@ -81,6 +86,8 @@ class Scorer:
         """Scores (float64) of every line in ``data`` (whole lines, ``\\n``-separated; a last
         line without ``\\n`` counts). ``first_line``: the number of the block's first line in
         error messages."""
+        if self._prefix:
+            data = _with_labels(bytes(data), self._prefix)
         buf = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) else data
         if buf.shape[0] == 0:
             return np.zeros(0, np.float64)
@@ -112,3 +119,11 @@ class Scorer:
         if not enc:
             return np.zeros(0, np.float64)
         return self.predict_block(b"\n".join(enc) + b"\n", skip_bad)
+
+
+def _with_labels(data: bytes, prefix: bytes) -> bytes:
+    """Every line of ``data`` with ``prefix`` in front (a last newline starts no new line)."""
+    if not data:
+        return data
+    out = prefix + data.replace(b"\n", b"\n" + prefix)
+    return out[: -len(prefix)] if data.endswith(b"\n") else out

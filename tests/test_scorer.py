@@ -60,6 +60,12 @@ def test_scorer_equals_predict_bit_for_bit(spark, trained):
         got = got[~np.isnan(got)]
         assert got.dtype == want.dtype == np.float64
         np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
+    # serving lines without the label field score the same
+    unlabeled = Scorer.from_model_dir(str(d / "model"), "sampled", labeled=False)
+    bare = [x.split(b"\t", 1)[1] if x.count(b"\t") == 39 else x for x in lines]
+    u, lab = unlabeled.predict_lines(bare, skip_bad=True), scorer.predict_lines(lines, skip_bad=True)
+    ok = ~np.isnan(lab)  # (a line malformed only in its label is good without it)
+    np.testing.assert_array_equal(u[ok].view(np.uint64), lab[ok].view(np.uint64))
     pop = Scorer.from_model_dir(str(d / "model")).predict_lines(lines[:50], skip_bad=True)
     smp = Scorer.from_model_dir(str(d / "model"), "sampled").predict_lines(lines[:50], skip_bad=True)
     ok = ~np.isnan(pop)
