@@ -114,12 +114,21 @@ def featurize_summary(m: dict) -> str:
         f"  rows in            {m['lines']:,}",
         f"  rows written       {m['rows']:,} in {len(m['files'])} Parquet files",
         f"  rows quarantined   {q['rows']:,} ({reasons})",
+        *_sampling_lines(m),
         f"  positive rate      {m['label_mean']:.4f}" if m["label_mean"] is not None else "  positive rate      n/a",
         f"  distinct features  {distinct} of 2^{m['spec']['bits']}",
         f"  non-zeros          {m['nnz']:,} ({m['nnz'] / max(m['rows'], 1):.1f} per row)",
         f"  bytes written      {m['bytes']:,}",
         f"  time               {m['seconds']:.2f} s, {rate:,.0f} rows/s",
     ])
+
+
+def _sampling_lines(m: dict) -> list[str]:
+    s = m.get("sampling") or {}
+    if s.get("negative_rate", 1.0) >= 1.0:
+        return []
+    return [f"  rows dropped       {s['negatives_dropped']:,} negatives (negative_rate {s['negative_rate']:g}; "
+            f"kept {s['after']['negatives']:,} of {s['before']['negatives']:,} at weight {s['negative_weight']:g})"]
 
 
 def cmd_featurize(args) -> int:
@@ -145,7 +154,8 @@ def train_summary(meta: dict) -> str:
     best = min(held, key=lambda x: x["holdout_loss"]) if held else None
     return "\n".join([
         f"  solver             {meta['config']['train']['solver']} ({len(ranks)} workers), loss {meta['config']['train']['loss']}, l2 {meta['config']['train']['l2']:g}",
-        f"  rows               {meta['data']['train_rows']:,} train + {meta['data']['holdout_rows']:,} held out",
+        f"  rows               {meta['data']['train_rows']:,} train + {meta['data']['holdout_rows']:,} held out"
+        + (f" (negatives kept at rate {r:g}, weighted 1/{r:g})" if (r := meta["data"].get("negative_rate", 1.0)) < 1 else ""),
         f"  passes             {len(h)} (stopped: {meta.get('stop_reason') or 'n/a'}); objective {meta['objective']:.6f} at the returned weights"
         + (f"; best held-out loss {best['holdout_loss']:.6f} (pass {best['pass']})" if best else ""),
         f"  time in job        {meta['train_seconds']:.2f} s (attempts: {len(meta['attempts'])})",
@@ -169,7 +179,8 @@ def metrics_summary(r: dict) -> str:
         f"  auROC               {r['auroc']:.6f}",
         f"  auPRC               {r['auprc']:.6f}",
         f"  calibration         {r['calibration']:.4f} (mean prediction {r['mean_prediction']:.4f} / positive rate {r['positive_rate']:.4f})",
-    ])
+    ] + ([f"  weighting           {w['note']}"] if (w := r.get("weighting"))
+         and min(w["model_negative_rate"], w["dataset_negative_rate"]) < 1 else []))
 
 
 def evaluate(cfg, data_dir: str, model_dir: str) -> dict:
@@ -219,8 +230,68 @@ def cmd_predict(args) -> int:
     args.model = _model_path(args.model)
     check_output(args.input, args.model, args.output, cfg.predict.overwrite)  # before the session starts
     m = predict(get_spark(cfg.spark), args.input, args.model, args.output, tuple(cfg.predict.keep_columns),
-                overwrite=cfg.predict.overwrite)
+                cfg.predict.calibration, overwrite=cfg.predict.overwrite)
     _say(f"wrote {m['rows']:,} predictions ({m['column']}) in {len(m['files'])} files -> {args.output}")
+    return 0
+
+
+def cmd_score(args) -> int:
+    """Raw lines on stdin -> one score per line on stdout; no Spark (``pipeline.scorer``)."""
+    import numpy as np
+
+    from pipeline.scorer import MalformedLine, Scorer
+
+    if args.chunk_mb < 1:
+        raise UsageError(f"--chunk-mb {args.chunk_mb}: must be >= 1")
+    cfg = load_config(args.conf, args.sets)
+    scorer = Scorer.from_model_dir(args.model, cfg.predict.calibration, labeled=not args.no_label)
+    stdin, out = sys.stdin.buffer, sys.stdout
+    chunk_bytes = args.chunk_mb << 20
+    line, bad, carry = 1, 0, b""
+    while True:
+        data = stdin.read(chunk_bytes)
+        if data:
+            data = carry + data
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                carry = data
+                continue
+            block, carry = data[:cut], data[cut:]
+        else:
+            block, carry = carry, b""
+            if not block:
+                break
+        scores = scorer.predict_block(block, skip_bad=True, first_line=line)
+        nan = np.isnan(scores)
+        if nan.any() and not args.skip_bad:
+            first = int(np.flatnonzero(nan)[0])
+            if first:
+                out.write("\n".join(map(repr, scores[:first].tolist())) + "\n")
+            out.flush()
+            scorer.predict_block(block, first_line=line)  # raises MalformedLine naming the line
+            raise MalformedLine(line + first, "unknown")  # not reached: the parser rejected the line
+        bad += int(nan.sum())
+        if scores.shape[0]:
+            out.write("\n".join(map(repr, scores.tolist())) + "\n")
+        line += scores.shape[0]
+        if not data:
+            break
+    out.flush()
+    if bad:
+        print(f"terascale score: {bad:,} malformed lines scored as nan (--skip-bad)", file=sys.stderr)
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from pipeline.modelinspect import render, top_features
+
+    if args.top < 1:
+        raise UsageError(f"--top {args.top}: must be >= 1")
+    r = top_features(args.model, args.top, args.names)
+    if args.json:
+        print(json.dumps(r, indent=2))
+    else:
+        _say(render(r))
     return 0
 
 
@@ -368,6 +439,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_overwrite_arg(pr, "predictions", "predict.overwrite")
     _add_conf_args(pr)
     pr.set_defaults(fn=cmd_predict)
+
+    sc = sub.add_parser("score", help="score raw TSV/LibSVM lines from stdin, one score per line on stdout (no Spark)")
+    sc.add_argument("--model", required=True, metavar="MODEL_DIR", help="model directory or pointer")
+    sc.add_argument("--skip-bad", action="store_true",
+                    help="write nan for a malformed line and go on (default: stop with an error naming the line, exit 1)")
+    sc.add_argument("--no-label", action="store_true",
+                    help="lines carry no label field (serving logs): each line is scored as if it began with label 0")
+    sc.add_argument("--chunk-mb", type=int, default=8, help="stdin is read and scored this many MiB at a time")
+    _add_conf_args(sc)
+    sc.set_defaults(fn=cmd_score)
+
+    ins = sub.add_parser("inspect", help="a model's heaviest features by |weight|, named by its token dictionary")
+    ins.add_argument("model", metavar="MODEL_DIR", help="model directory or pointer")
+    ins.add_argument("--top", type=int, default=50, help="how many features (default 50)")
+    nm = ins.add_mutually_exclusive_group()
+    nm.add_argument("--names", action="store_true", default=None,
+                    help="require token names (fails when the model has no token dictionary)")
+    nm.add_argument("--no-names", action="store_false", dest="names", help="buckets and weights only")
+    ins.add_argument("--json", action="store_true", help="print JSON")
+    ins.set_defaults(fn=cmd_inspect)
 
     rp = sub.add_parser("report", help="an HTML page with plots of a training run (and its evaluation)")
     rp.add_argument("model", metavar="MODEL_DIR")

@@ -166,6 +166,22 @@ class FeaturizeConf:
     allow_empty: bool = param(
         False, "commit a dataset with no rows (inputs without lines, or every line quarantined); "
         "false: such a run fails naming the inputs and commits nothing")
+    negative_rate: float = param(
+        1.0, "negative downsampling: keep every positive and each negative (label 0) with this probability, "
+        "decided by a hash of (input file, line number, sample_seed); kept negatives get weight 1/rate, so "
+        "training and evaluate estimate the unsampled population (1 = keep every row)",
+        Interval(0.0, 1.0, lo_open=True),
+    )
+    sample_seed: int = param(0, "seed of the negative_rate keep decisions", Interval(0, 2**32 - 1, integer=True))
+    token_dictionary: bool = param(
+        False, "also write _tokens.parquet, a bounded sample of the tokens that hashed to each bucket, so that "
+        "terascale inspect can name a model's features (Criteo TSV only)")
+    dictionary_per_bucket: int = param(
+        4, "token dictionary: the smallest distinct tokens kept per bucket", Interval(1, 64, integer=True))
+    dictionary_max_buckets: int = param(
+        1 << 20, "token dictionary: at most this many buckets (a hash-chosen uniform sample of those seen); memory "
+        "per featurize task and in the merge is at most max_buckets x per_bucket tokens",
+        Interval(1, 1 << 26, integer=True))
     inject_fail_task: int = param(
         -1, "chaos drill: the first attempt of this task fails after writing part of its output (-1: off)",
         Interval(-1, None, integer=True),
@@ -293,6 +309,13 @@ class PredictConf:
                                 SubsetOf(("label", "weight", "indices", "values")))
     overwrite: bool = param(False, "replace earlier predictions at --output (atomically); without it predict "
                             "refuses them (anything that is not terascale's predictions is always refused)")
+    calibration: str = param(
+        "population",
+        "probabilities of a model trained on negative-downsampled data (featurize.negative_rate = r < 1): "
+        "population = sigma(margin), calibrated to the unsampled data (the 1/r weights already corrected it); "
+        "sampled = sigma(margin - ln r), the click rate among the kept rows, for teams that correct it themselves",
+        OneOf(("population", "sampled")),
+    )
 
 
 @dataclass(frozen=True)
@@ -412,6 +435,9 @@ def _cross_checks(cfg: Config) -> None:
                 raise ConfigError(
                     f"featurize.conjunctions[{i}] = {list(pair)!r}: field {name!r} is not in featurize.fields"
                 )
+    if fz.token_dictionary and fz.format != "criteo":
+        raise ConfigError(f"featurize.token_dictionary = true: needs featurize.format = 'criteo' (got {fz.format!r}); "
+                          "LibSVM features are already named by their index")
     for kv in cfg.spark.conf:
         if not (isinstance(kv, tuple) and len(kv) == 2):
             # the value is not shown: a malformed mapping cannot be redacted key by key

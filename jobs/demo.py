@@ -68,8 +68,9 @@ def run_demo(workdir: str, rows: int) -> int:
     m = featurize(cfg, [raw], data)
     featurize(cfg, [raw_test], data_test)
     print(featurize_summary(m))
-    conserved = m["lines"] == m["rows"] + m["quarantine"]["rows"]
-    print(f"  rows in = written + quarantined: {'yes' if conserved else 'NO'}")
+    dropped = (m.get("sampling") or {}).get("negatives_dropped", 0)
+    conserved = m["lines"] == m["rows"] + dropped + m["quarantine"]["rows"]
+    print(f"  rows in = written + dropped by sampling + quarantined: {'yes' if conserved else 'NO'}")
 
     print(f"[3/4] training ({cfg.train.solver}, {cfg.train.workers} workers, l2 {cfg.train.l2:g})")
     meta = train(cfg, data, model)

@@ -156,6 +156,8 @@ def _html(meta: dict, metrics: dict | None, images: dict[str, bytes]) -> str:
         ("passes", f"{len(meta['history'])} (stopped: {meta.get('stop_reason') or 'n/a'})"),
         ("training objective", f"{meta['objective']:.6f} at the returned weights"),
         ("time in job", f"{meta['train_seconds']:.2f} s, {len(meta['attempts'])} attempt(s)"),
+        *([("negative downsampling", f"rate {d['negative_rate']:g}: {d['weighting']}")]
+          if d.get("negative_rate", 1.0) < 1 else []),
     ]
     ranks = [(f"rank {r['rank']}", f"shard {r['shard']} ({r['attempt_id']}), {r['rows']:,} rows, {r['nnz']:,} non-zeros, "
               f"read {r['read_s']:.2f} s, total {r['seconds']:.2f} s") for r in meta["per_rank"]]
@@ -178,6 +180,7 @@ def _html(meta: dict, metrics: dict | None, images: dict[str, bytes]) -> str:
             ("logloss", f"{metrics['logloss']:.6f}"), ("normalized entropy", f"{metrics['normalized_entropy']:.6f}"),
             ("auROC", f"{metrics['auroc']:.6f}"), ("auPRC", f"{metrics['auprc']:.6f}"),
             ("calibration", f"{metrics['calibration']:.4f}"),
+            *([("weighting", metrics["weighting"]["note"])] if "weighting" in metrics else []),
         ])]
         for name, cap in (("roc", "ROC curve"), ("precision_recall", "precision-recall curve"), ("calibration", "calibration")):
             if name in images:

@@ -28,7 +28,7 @@ from pipeline.redact import redact_text
 from pipeline.verify import catching, raise_bad_files, read_row_groups
 
 log = logging.getLogger("terascale.scoring")
-_MODEL_CACHE: dict[str, tuple[np.ndarray, float, str]] = {}
+_MODEL_CACHE: dict[str, tuple[np.ndarray, float, str, float]] = {}
 KEEPABLE = ("label", "weight", "indices", "values")
 
 
@@ -36,15 +36,31 @@ def _model(model_dir: str) -> tuple[np.ndarray, float, str]:
     if model_dir not in _MODEL_CACHE:
         w, b, meta = modeldir.load_model(model_dir)
         _MODEL_CACHE.clear()
-        _MODEL_CACHE[model_dir] = (w, b, meta["config"]["train"]["loss"])
+        _MODEL_CACHE[model_dir] = (w, b, meta["config"]["train"]["loss"], model_negative_rate(meta))
     return _MODEL_CACHE[model_dir]
 
 
-def _scores(csr, model_dir: str) -> np.ndarray:
+def model_negative_rate(meta: dict) -> float:
+    """featurize.negative_rate of the data the model was trained on (1 for older models)."""
+    return float(meta.get("data", {}).get("negative_rate", 1.0))
+
+
+def logit_shift(meta_rate: float, calibration: str) -> float:
+    """What predict adds to the margin: 0 (population) or −ln r (sampled; ``pipeline.sampling``)."""
+    from pipeline.sampling import sampled_logit_shift
+
+    if calibration not in ("population", "sampled"):
+        raise ValueError(f"predict.calibration = {calibration!r}: must be 'population' or 'sampled'")
+    return sampled_logit_shift(meta_rate) if calibration == "sampled" else 0.0
+
+
+def _scores(csr, model_dir: str, calibration: str = "population") -> np.ndarray:
     from solvers.predict import decision_function, predict_proba
 
-    w, b, loss = _model(model_dir)
-    return predict_proba(csr, w, b) if loss == "logistic" else decision_function(csr, w, b)
+    w, b, loss, rate = _model(model_dir)
+    if loss != "logistic":
+        return decision_function(csr, w, b)
+    return predict_proba(csr, w, b, logit_shift(rate, calibration))
 
 
 def _check(data_dir: str, model_dir: str) -> tuple[dict, dict]:
@@ -99,7 +115,23 @@ def evaluate(spark, data_dir: str, model_dir: str) -> dict:
         total.merge(BinaryMetrics.from_state(s))
     out = total.finalize()
     out.update({"dataset": fsutil.normalize(data_dir), "model": model, "seconds": time.perf_counter() - t0})
+    out["weighting"] = _weighting(m, meta)
     return out
+
+
+def _weighting(manifest: dict, meta: dict) -> dict:
+    """How evaluate's weighted metrics relate to negative downsampling (``pipeline.sampling``)."""
+    d_rate = float((manifest.get("sampling") or {}).get("negative_rate", 1.0))
+    m_rate = model_negative_rate(meta)
+    parts = []
+    if m_rate < 1.0:
+        parts.append(f"the model was trained on negatives kept at rate {m_rate:g} and weighted 1/{m_rate:g}, "
+                     "so its probabilities are calibrated to the unsampled data with no correction")
+    if d_rate < 1.0:
+        parts.append(f"this dataset keeps negatives at rate {d_rate:g}; metrics weight them 1/{d_rate:g}, "
+                     "estimating the unsampled data's")
+    return {"model_negative_rate": m_rate, "dataset_negative_rate": d_rate,
+            "note": "; ".join(parts) or "no downsampling: every row weighs 1"}
 
 
 OVERWRITE_FLAG = "--overwrite (or predict.overwrite: true)"
@@ -112,10 +144,13 @@ def check_output(data_dir: str, model_dir: str, output: str, overwrite: bool) ->
     artifacts.check_target(output, artifacts.PREDICTIONS, overwrite, "--output", OVERWRITE_FLAG)
 
 
-def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, ...], overwrite: bool = False) -> dict:
+def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, ...],
+            calibration: str = "population", overwrite: bool = False) -> dict:
     """Write Parquet with ``probability`` (logistic) or ``score`` plus the ``keep`` columns
     (the model: a directory, or a pointer to one) to ``output``: a new path, an empty directory
-    or, with ``overwrite``, earlier predictions (replaced atomically)."""
+    or, with ``overwrite``, earlier predictions (replaced atomically). ``calibration``
+    (``predict.calibration``): population = σ(margin); sampled = σ(margin − ln r) for a model
+    trained on negatives kept at rate r (see ``pipeline.sampling``)."""
     t0 = time.perf_counter()
     model_dir = resolve_model(model_dir)
     check_output(data_dir, model_dir, output, overwrite)
@@ -140,7 +175,7 @@ def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, 
         for parts_json in items:
             parts = [ShardPart.from_json(p) for p in parts_json]
             csr = read_csr(parts, n_features)
-            cols = {col: pa.array(_scores(csr, model))}
+            cols = {col: pa.array(_scores(csr, model, calibration))}
             if keep:
                 kept = pa.concat_tables([_kept(p, keep) for p in parts]) if parts else None
                 for c in keep:
@@ -167,7 +202,7 @@ def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, 
             fsutil.move(r["path"], fsutil.join(root, name))
             files.append({"path": name, "rows": r["rows"]})
         fsutil.delete(staging)  # rejected and speculative attempts
-        manifest = {"kind": "predictions", "column": col, "kept": list(keep), "model": model,
+        manifest = {"kind": "predictions", "column": col, "calibration": calibration, "kept": list(keep), "model": model,
                     "dataset": fsutil.normalize(data_dir), "rows": sum(f["rows"] for f in files), "files": files,
                     "seconds": time.perf_counter() - t0}
         fsutil.write_json_atomic(fsutil.join(root, MANIFEST), manifest)

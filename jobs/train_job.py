@@ -135,6 +135,15 @@ def _memory_preflight(spark, cfg: Config, manifest: dict, shards, bits: int, war
     return est.to_json()
 
 
+def negative_sampling(manifest: dict) -> dict:
+    """The dataset's negative downsampling as the model metadata records it (``pipeline.sampling``)."""
+    rate = float((manifest.get("sampling") or {}).get("negative_rate", 1.0))
+    note = ("negatives kept with probability r and weighted 1/r: the weighted objective estimates the unsampled "
+            "population's, so sigma(margin) is calibrated to it and needs no correction; "
+            "sigma(margin - ln r) is the click rate among the kept rows") if rate < 1.0 else "every row kept"
+    return {"negative_rate": rate, "weighting": note}
+
+
 def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     """Train on the featurized dataset ``data_dir`` and write ``model_dir``; returns its metadata."""
     t0 = time.perf_counter()
@@ -195,13 +204,17 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
         "stop_reason": rank0["stop_reason"],
         "history": rank0["history"],
         "per_rank": per_rank,
-        "data": {"dataset": fsutil.normalize(data_dir), "rows": manifest["rows"], **rank0["totals"]},
+        "data": {"dataset": fsutil.normalize(data_dir), "rows": manifest["rows"], **rank0["totals"],
+                 **negative_sampling(manifest)},
         "memory_estimate": memory,
         "attempts": res.attempts,
         "tasks": [{k: v for k, v in x.items() if k != "result"} for x in res.tasks],
         "train_seconds": time.perf_counter() - t0,
     }
     try:
+        tokens = modeldir.copy_token_dictionary(data_dir, manifest, staging)
+        if tokens:
+            metadata["dictionary"] = tokens
         modeldir.commit(staging, model_dir, metadata, overwrite=t.overwrite, run=run_id, flag=OVERWRITE_FLAG)
     except Exception:
         fsutil.delete(staging)

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import fsutil, groups
+from pipeline import fsutil, groups, sampling, tokendict
 from pipeline.blocks import BlockParser, LongLine, Piece, iter_blocks
 from pipeline.rowkernels import LINE_TOO_LONG, REASONS
 from pipeline.spec import FeatureSpec
@@ -72,9 +72,14 @@ class TaskOptions:
     raw_cap: int = 1 << 20  # a quarantined line keeps at most this many bytes (plus its length)
     row_group_rows: int = 262144
     inject_fail: bool = False  # chaos drill: fail after the first row group is written
+    negative_rate: float = 1.0  # keep each negative with this probability (pipeline.sampling)
+    sample_seed: int = 0  # the seed of the keep decisions
+    token_dictionary: bool = False  # keep a bounded sample of each bucket's tokens (pipeline.tokendict)
+    dictionary_per_bucket: int = 4
+    dictionary_max_buckets: int = 1 << 20
 
 
-def _arrow_batch(labels, indptr, indices, values, multi) -> pa.RecordBatch:
+def _arrow_batch(labels, indptr, indices, values, multi, weights) -> pa.RecordBatch:
     n = labels.shape[0]
     offsets = pa.array(indptr.astype(np.int32))
     idx = pa.ListArray.from_arrays(offsets, pa.array(indices), type=OUTPUT_SCHEMA.field("indices").type)
@@ -89,7 +94,7 @@ def _arrow_batch(labels, indptr, indices, values, multi) -> pa.RecordBatch:
         )
     else:
         val = pa.nulls(n, type=OUTPUT_SCHEMA.field("values").type)
-    weight = pa.array(np.ones(n, dtype=np.float32))
+    weight = pa.array(weights)
     return pa.RecordBatch.from_arrays([pa.array(labels), weight, idx, val], schema=OUTPUT_SCHEMA)
 
 
@@ -125,6 +130,8 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
     group_map = groups.new_map(spec.bits)  # None above GROUPS_MAX_BITS
     parser = BlockParser(spec, opts.max_line_bytes, groups=group_map)  # the kernels update the map
     quarantine = _Quarantine(opts.raw_cap)
+    tokens = (tokendict.TokenSample(spec, opts.dictionary_per_bucket, opts.dictionary_max_buckets)
+              if opts.token_dictionary else None)
     per_input: dict[str, dict] = {}
     totals = {"rows": 0, "nnz": 0, "positives": 0.0, "weight_sum": 0.0, "multi_rows": 0}
     pending: list[pa.RecordBatch] = []
@@ -154,8 +161,10 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
 
     try:
         for piece in pieces:
-            stats = per_input.setdefault(piece.uri, {"lines": 0, "rows": 0, "quarantined": {}})
+            stats = per_input.setdefault(piece.uri, {"lines": 0, "rows": 0, "quarantined": {}, "dropped": 0,
+                                                     "positives": 0, "negatives_kept": 0})
             line_no = piece.first_line
+            key = sampling.file_key(piece.uri, opts.sample_seed) if opts.negative_rate < 1.0 else 0
             for item in iter_blocks(piece, opts.block_bytes, opts.max_line_bytes, opts.raw_cap):
                 if isinstance(item, LongLine):
                     bad_line(piece.uri, line_no, item.offset, LINE_TOO_LONG, item.length, item.head, stats)
@@ -168,20 +177,33 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
                         s, ln = int(pb.line_start[i]), int(pb.line_len[i])
                         raw = item.data[s : s + min(ln, opts.raw_cap)].tobytes()
                         bad_line(piece.uri, line_no + int(i), item.offset + s, int(pb.status[i]), ln, raw, stats)
-                n_rows = pb.labels.shape[0]
-                line_no += pb.n_lines
+                if tokens is not None:
+                    tokens.add_block(item.data, pb.status, pb.line_start, pb.line_len)
+                labels, indptr, indices, values, multi = pb.labels, pb.indptr, pb.indices, pb.values, pb.row_multi
                 stats["lines"] += pb.n_lines
+                if opts.negative_rate < 1.0 and labels.shape[0]:
+                    # row j is the j-th good line of the block: its file line number is line_no + that line's index
+                    row_lines = line_no + np.flatnonzero(pb.status == 0)
+                    keep = sampling.keep_mask(key, opts.sample_seed, row_lines, labels, opts.negative_rate)
+                    stats["dropped"] += int(keep.shape[0] - keep.sum())
+                    indptr, indices, values = sampling.take_rows(indptr, indices, values, keep)
+                    labels, multi = labels[keep], multi[keep]
+                line_no += pb.n_lines
+                n_rows = labels.shape[0]
                 stats["rows"] += n_rows
                 if n_rows == 0:
                     continue
+                n_pos = int(np.count_nonzero(labels))
+                stats["positives"] += n_pos
+                stats["negatives_kept"] += n_rows - n_pos
+                weights = sampling.row_weights(labels, opts.negative_rate)
                 totals["rows"] += n_rows
-                totals["nnz"] += int(pb.indices.shape[0])
-                totals["positives"] += float(pb.labels.sum(dtype=np.float64))
-                totals["weight_sum"] += float(n_rows)
-                totals["multi_rows"] += int(pb.row_multi.sum())
-                pending.append(
-                    _arrow_batch(pb.labels.copy(), pb.indptr.copy(), pb.indices.copy(), pb.values.copy(), pb.row_multi.copy())
-                )
+                totals["nnz"] += int(indices.shape[0])
+                totals["positives"] += float(labels.sum(dtype=np.float64))
+                totals["weight_sum"] += float(weights.sum(dtype=np.float64))
+                totals["multi_rows"] += int(multi.sum())
+                pending.append(_arrow_batch(labels.copy(), indptr.copy(), indices.copy(), values.copy(), multi.copy(),
+                                            weights))
                 pending_rows += n_rows
                 if pending_rows >= opts.row_group_rows:
                     flush()
@@ -200,8 +222,13 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
     if group_map is not None and totals["rows"] > 0:  # a task without rows adds nothing to the map
         g_path = fsutil.join(attempt_dir, groups.TASK_GROUPS_FILE)
         groups.write_map(g_path, group_map)
+    t_path = None
+    if tokens is not None and tokens.table().num_rows:
+        t_path = fsutil.join(attempt_dir, tokendict.TASK_TOKENS_FILE)
+        tokendict.write_table(t_path, tokens.table())
     return {
         "task": task_index,
+        "dictionary_path": t_path,  # the task's token dictionary (pipeline.tokendict), merged by the driver
         "data_path": data_path,
         "quarantine_path": q_path,
         "bytes": int(fs.get_file_info(data_inner).size),

@@ -80,3 +80,13 @@ def hash_tokens(tokens: list[str] | list[bytes], seed: int = 0) -> np.ndarray:
     out = np.zeros(len(encoded), dtype=np.int64)
     _hash_many(data, offsets, int(seed), out)
     return out.astype(np.uint32)
+
+
+def hash_buffers(data: np.ndarray, offsets: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Unsigned murmur3_32 of the strings data[offsets[i]:offsets[i+1]] (uint8 data, int64
+    offsets: an Arrow string array's buffers), as int64."""
+    out = np.zeros(offsets.shape[0] - 1, dtype=np.int64)
+    if data.size == 0:
+        data = np.zeros(1, np.uint8)
+    _hash_many(data, np.ascontiguousarray(offsets, dtype=np.int64), int(seed), out)
+    return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 from importlib import metadata
 
-from pipeline import artifacts, fsutil
+from pipeline import artifacts, fsutil, sampling
 from pipeline.spec import FeatureSpec
 
 MANIFEST = "_manifest.json"
@@ -29,17 +29,36 @@ def terascale_version() -> str:
 
 
 def merge_inputs(results: list[dict], all_inputs: list[str]) -> list[dict]:
-    """Per input file: lines = rows + quarantined, summed over the tasks that read parts of it."""
-    acc = {u: {"path": u, "lines": 0, "rows": 0, "quarantined": 0, "by_reason": {}} for u in all_inputs}
+    """Per input file: lines = rows + dropped + quarantined, summed over the tasks that read parts of it.
+
+    ``dropped``: negatives left out by downsampling (``pipeline.sampling``); ``positives`` and
+    ``negatives_kept`` split the rows written.
+    """
+    acc = {u: {"path": u, "lines": 0, "rows": 0, "dropped": 0, "positives": 0, "negatives_kept": 0,
+               "quarantined": 0, "by_reason": {}} for u in all_inputs}
     for r in results:
         for uri, s in r["inputs"].items():
             a = acc[uri]
-            a["lines"] += s["lines"]
-            a["rows"] += s["rows"]
+            for k in ("lines", "rows", "dropped", "positives", "negatives_kept"):
+                a[k] += s.get(k, 0)
             for reason, n in s["quarantined"].items():
                 a["quarantined"] += n
                 a["by_reason"][reason] = a["by_reason"].get(reason, 0) + n
     return [acc[u] for u in all_inputs]
+
+
+def sampling_summary(rate: float, per_input: list[dict]) -> dict:
+    """Negative downsampling in totals: r, the rows parsed (before) and written (after)."""
+    pos = sum(p["positives"] for p in per_input)
+    kept = sum(p["negatives_kept"] for p in per_input)
+    dropped = sum(p["dropped"] for p in per_input)
+    return {
+        "negative_rate": rate,
+        "negative_weight": float(sampling.negative_weight(rate)),
+        "before": {"rows": pos + kept + dropped, "positives": pos, "negatives": kept + dropped},
+        "after": {"rows": pos + kept, "positives": pos, "negatives": kept},
+        "negatives_dropped": dropped,
+    }
 
 
 def build_manifest(spec: FeatureSpec, inputs: list[str], files: list[dict], quarantine_files: list[str],
@@ -75,6 +94,7 @@ def build_manifest(spec: FeatureSpec, inputs: list[str], files: list[dict], quar
         "distinct_features": distinct,
         "groups": groups,
         "lines": sum(p["lines"] for p in per_input),
+        "sampling": sampling_summary(options.get("negative_rate", 1.0), per_input),
         "quarantine": {
             "rows": sum(by_reason.values()),
             "by_reason": dict(sorted(by_reason.items())),

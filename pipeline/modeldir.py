@@ -21,6 +21,7 @@ from pipeline.redact import redact
 MODEL_FORMAT = 1
 WEIGHTS = "weights.npy"
 METADATA = "metadata.json"
+TOKENS = "tokens.parquet"  # the training dataset's token dictionary, when it has one (pipeline.tokendict)
 
 
 class ModelError(ValueError):
@@ -42,6 +43,20 @@ def write_weights(directory: str, weights: np.ndarray) -> None:
     fs, inner = fsutil.resolve(fsutil.join(directory, WEIGHTS))
     with fs.open_output_stream(inner) as out:
         out.write(buf.getvalue())
+
+
+def copy_token_dictionary(data_dir: str, manifest: dict, staging: str) -> dict | None:
+    """Copy the dataset's token dictionary into a model's staging directory; return the metadata
+    entry (its file name and counts), or None when the dataset has none."""
+    entry = manifest.get("dictionary")
+    if not entry:
+        return None
+    src_fs, src = fsutil.resolve(fsutil.join(fsutil.normalize(data_dir), entry["path"]))
+    dst_fs, dst = fsutil.resolve(fsutil.join(staging, TOKENS))
+    with src_fs.open_input_stream(src) as f, dst_fs.open_output_stream(dst) as out:
+        while chunk := f.read(1 << 24):
+            out.write(chunk)
+    return {**entry, "path": TOKENS}
 
 
 def commit(staging: str, model_dir: str, metadata: dict, overwrite: bool = False, run: str = "",

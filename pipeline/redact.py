@@ -24,7 +24,7 @@ secret, access, key). Its value is secret when
 
 unless its last word says the key names something *about* a secret rather than the secret
 itself: provider(s), type, class, path, file, dir, uri, url, enabled, binding, hash,
-size, bits, length, algorithm, expiry, timeout, interval, mode (``hadoop.security.credential.provider.path``,
+size, bits, length, algorithm, expiry, timeout, interval, mode, dictionary (``hadoop.security.credential.provider.path``,
 ``fs.s3a.aws.credentials.provider``, ``spark.authenticate.secret.file``,
 ``fs.azure.sas.token.provider.type``, ``spark.io.encryption.keySizeBits``: shown). Those name
 files, classes or sizes; the secrets they point to are not in the configuration.
@@ -55,7 +55,7 @@ _KEY_QUALIFIERS = frozenset({"access", "secret", "private", "account", "api", "e
                              "signing", "storage", "shared", "master", "provided", "customer"})
 _ABOUT = frozenset({"provider", "providers", "type", "class", "path", "file", "dir", "uri", "url", "enabled",
                     "binding", "hash", "size", "bits", "length", "algorithm", "expiry", "timeout", "interval",
-                    "mode"})
+                    "mode", "dictionary"})
 _SPLIT = re.compile(r"[._\-/\s]+|(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _PROVIDER_SCHEMES = frozenset({"jceks", "localjceks", "bcfks", "localbcfks"})
 # scheme://[userinfo@]rest; rest stops at whitespace, quotes and brackets (a URI inside text)

@@ -23,7 +23,7 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from allreduce.spark import spark_error_summary as task_error_summary
-from pipeline import artifacts, fsutil, groups
+from pipeline import artifacts, fsutil, groups, tokendict
 from pipeline.blocks import Piece, align_range
 from pipeline.featurize_task import MalformedInput, TaskOptions, run_task
 from pipeline.manifest import MANIFEST, QUARANTINE_DIR, build_manifest, merge_inputs
@@ -142,6 +142,9 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
     opts = TaskOptions(
         max_line_bytes=fconf.max_line_bytes, block_bytes=fconf.block_mb << 20,
         on_error=fconf.on_error, compression=fconf.compression,
+        negative_rate=float(fconf.negative_rate), sample_seed=int(fconf.sample_seed),
+        token_dictionary=bool(fconf.token_dictionary), dictionary_per_bucket=int(fconf.dictionary_per_bucket),
+        dictionary_max_buckets=int(fconf.dictionary_max_buckets),
     )
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     root = artifacts.staging_path(out, run_id)  # the new dataset, complete before it replaces the old
@@ -185,8 +188,13 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
     finally:
         sc.setJobDescription(None)
     try:
+        tokens = _merge_tokens(root, opts, results)
+    except Exception as e:  # noqa: BLE001 - a failed merge leaves no dataset, like any other failure
+        fsutil.delete(root)
+        raise FeaturizeError(f"featurize failed merging the token dictionaries: {e}") from e
+    try:
         manifest = _commit(out, root, spec, [f.uri for f in files], results, time.perf_counter() - t0, asdict(opts),
-                           group_map, overwrite=fconf.overwrite, run_id=run_id)
+                           group_map, tokens, overwrite=fconf.overwrite, run_id=run_id)
     except Exception:
         fsutil.delete(root)
         raise
@@ -212,10 +220,22 @@ def _merge_groups(sc, spec: FeatureSpec, results: list[dict]) -> np.ndarray | No
             .treeReduce(groups.merge_maps, depth))
 
 
+def _merge_tokens(root: str, opts: TaskOptions, results: list[dict]) -> dict | None:
+    """The accepted attempts' token dictionaries merged into the new dataset ``root``
+    (``pipeline.tokendict``)."""
+    if not opts.token_dictionary:
+        return None
+    paths = [r["dictionary_path"] for r in sorted(results, key=lambda r: r["task"]) if r.get("dictionary_path")]
+    entry = tokendict.merge_files(paths, fsutil.join(root, tokendict.TOKENS_FILE), opts.dictionary_per_bucket,
+                                  opts.dictionary_max_buckets)
+    return {"path": tokendict.TOKENS_FILE, **entry}
+
+
 def _commit(out: str, root: str, spec: FeatureSpec, inputs: list[str], results: list[dict],
-            seconds: float, options: dict, group_map: np.ndarray | None = None, overwrite: bool = False,
-            run_id: str = "") -> dict:
-    """Build the dataset in the staging directory ``root`` and swap it in at ``out``."""
+            seconds: float, options: dict, group_map: np.ndarray | None = None, tokens: dict | None = None,
+            overwrite: bool = False, run_id: str = "") -> dict:
+    """Build the dataset in the staging directory ``root`` (the token dictionary, when asked for,
+    is already there) and swap it in at ``out``."""
     fsutil.makedirs(root)
     files, qfiles = [], []
     results = sorted(results, key=lambda r: r["task"])
@@ -239,6 +259,8 @@ def _commit(out: str, root: str, spec: FeatureSpec, inputs: list[str], results: 
         group_entry = {"path": groups.GROUPS_FILE, "names": groups.group_names(spec), "buckets": distinct}
     manifest = build_manifest(spec, inputs, files, qfiles, merge_inputs(results, inputs), distinct, seconds, options,
                               groups=group_entry)
+    if tokens is not None:  # the token dictionary (pipeline.tokendict), in place before the manifest
+        manifest["dictionary"] = tokens
     fsutil.write_json_atomic(fsutil.join(root, MANIFEST), manifest)
     # checked again: the output may have changed while the tasks ran
     artifacts.check_target(out, artifacts.DATASET, overwrite, "--output", OVERWRITE_FLAG)

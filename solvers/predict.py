@@ -19,8 +19,18 @@ def decision_function(data: CSRData, weights: np.ndarray, intercept: float) -> n
     return out
 
 
-def predict_proba(data: CSRData, weights: np.ndarray, intercept: float) -> np.ndarray:
-    """σ(m_i) = P(y_i = 1) under the logistic model, computed without overflow."""
-    m = decision_function(data, weights, intercept)
+def predict_proba(data: CSRData, weights: np.ndarray, intercept: float, logit_shift: float = 0.0) -> np.ndarray:
+    """σ(m_i + logit_shift) = P(y_i = 1) under the logistic model, computed without overflow.
+
+    ``logit_shift``: −ln r turns a model trained on negatives kept at rate r (weighted 1/r) into
+    the click probability among the kept rows (``pipeline.sampling``); 0 leaves m_i untouched.
+    """
+    return sigmoid(decision_function(data, weights, intercept), logit_shift)
+
+
+def sigmoid(m: np.ndarray, logit_shift: float = 0.0) -> np.ndarray:
+    """σ(m + logit_shift) of float64 margins, without overflow (the one scoring formula)."""
+    if logit_shift != 0.0:
+        m = m + logit_shift
     e = np.exp(-np.abs(m))
     return np.where(m >= 0, 1.0 / (1.0 + e), e / (1.0 + e))

@@ -1,0 +1,129 @@
+"""Score raw log lines with a model directory, without Spark or a JVM.
+
+The feature spec in the model's ``metadata.json`` is the public contract: the same compiled
+parsing kernels as featurize (``pipeline.blocks.BlockParser``) turn lines into hashed CSR rows,
+and the same scoring formula as the predict job (``solvers.predict``) turns them into
+probabilities. So a line scores to the same float64 bits here as its row does in ``predict``.
+
+Lines are in the format the model was featurized from (``spec.format``): Criteo TSV (label, 13
+integer fields, 26 categorical fields) or LibSVM (``label idx:val ...``). The label must be
+valid (it is parsed as in featurize) but is not used for scoring. Serving logs without the
+label (``labeled=False``): the scorer puts a label 0 in front of every line (``0\t`` or ``0 ``)
+before parsing, so such a line scores exactly as the labeled line would (a line within two
+bytes of ``max_line_bytes`` may then count as too long).
+
+A malformed line (a line featurize would quarantine: bad label, wrong field count, bad integer,
+empty, too long) is an error naming its 1-based line number and reason
+(:class:`MalformedLine`); with ``skip_bad`` its probability is NaN instead.
+
+Probabilities (``calibration``, the ``predict.calibration`` key): for a model trained on
+negatives kept at rate r and weighted 1/r (``featurize.negative_rate``, ``pipeline.sampling``),
+``population`` is σ(margin), already calibrated to the unsampled data; ``sampled`` is
+σ(margin − ln r), the click rate among the kept rows. Both are the same for r = 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from pipeline import modeldir
+from pipeline.blocks import BlockParser
+from pipeline.pointer import resolve_model
+from pipeline.rowkernels import REASONS
+from pipeline.sampling import sampled_logit_shift
+from pipeline.spec import FeatureSpec
+from solvers.data import CSRData
+from solvers.predict import decision_function, sigmoid
+
+CALIBRATIONS = ("population", "sampled")
+
+
+class MalformedLine(ValueError):
+    """A line the featurize kernels reject; ``line`` is 1-based, ``reason`` featurize's reason."""
+
+    def __init__(self, line: int, reason: str):
+        self.line, self.reason = line, reason
+        super().__init__(f"line {line}: malformed ({reason}); featurize would quarantine it")
+
+
+class Scorer:
+    """A model's weights, intercept and feature spec, ready to score raw lines.
+
+    A Scorer reuses its parser's buffers between calls: use one per thread (they can share
+    nothing but the read-only weights).
+    """
+
+    def __init__(self, weights: np.ndarray, intercept: float, meta: dict, calibration: str = "population",
+                 labeled: bool = True):
+        if calibration not in CALIBRATIONS:
+            raise ValueError(f"calibration {calibration!r}: must be one of {list(CALIBRATIONS)}")
+        self.weights = weights
+        self.intercept = float(intercept)
+        self.meta = meta
+        self.spec = FeatureSpec.from_json(meta["spec"])
+        self.loss = meta["config"]["train"]["loss"]
+        self.negative_rate = float(meta.get("data", {}).get("negative_rate", 1.0))
+        self.calibration = calibration
+        self.logit_shift = sampled_logit_shift(self.negative_rate) if calibration == "sampled" else 0.0
+        max_line = int(meta["config"].get("featurize", {}).get("max_line_bytes", 65536))
+        self._parser = BlockParser(self.spec, max_line)
+        self._n_features = 1 << self.spec.bits
+        self._prefix = b"" if labeled else (b"0\t" if self.spec.format == "criteo" else b"0 ")
+
+    @classmethod
+    def from_model_dir(cls, path: str, calibration: str = "population", labeled: bool = True) -> Scorer:
+        """Load a model directory (or a pointer file naming one, ``terascale publish``)."""
+        w, b, meta = modeldir.load_model(resolve_model(path))
+        return cls(w, b, meta, calibration, labeled)
+
+    @property
+    def column(self) -> str:
+        return "probability" if self.loss == "logistic" else "score"
+
+    def predict_block(self, data: bytes | np.ndarray, skip_bad: bool = False, first_line: int = 1) -> np.ndarray:
+        """Scores (float64) of every line in ``data`` (whole lines, ``\\n``-separated; a last
+        line without ``\\n`` counts). ``first_line``: the number of the block's first line in
+        error messages."""
+        if self._prefix:
+            data = _with_labels(bytes(data), self._prefix)
+        buf = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) else data
+        if buf.shape[0] == 0:
+            return np.zeros(0, np.float64)
+        pb = self._parser.parse(buf)
+        bad = pb.status != 0
+        if bad.any() and not skip_bad:
+            i = int(np.flatnonzero(bad)[0])
+            raise MalformedLine(first_line + i, REASONS[int(pb.status[i])])
+        n = pb.labels.shape[0]
+        csr = CSRData(pb.indptr, pb.indices, pb.values, pb.labels, np.ones(n, np.float32), self._n_features)
+        m = decision_function(csr, self.weights, self.intercept)
+        scores = sigmoid(m, self.logit_shift) if self.loss == "logistic" else m
+        if not bad.any():
+            return scores
+        out = np.full(pb.n_lines, np.nan)
+        out[~bad] = scores
+        return out
+
+    def predict_lines(self, lines: Iterable[str | bytes], skip_bad: bool = False) -> np.ndarray:
+        """Scores (float64) of ``lines`` (str or bytes, one line each, a trailing newline allowed)."""
+        enc = []
+        for k, line in enumerate(lines, 1):
+            b = line.encode("utf-8") if isinstance(line, str) else bytes(line)
+            if b.endswith(b"\n"):
+                b = b[:-1]
+            if b"\n" in b:
+                raise MalformedLine(k, "newline inside the line")
+            enc.append(b)
+        if not enc:
+            return np.zeros(0, np.float64)
+        return self.predict_block(b"\n".join(enc) + b"\n", skip_bad)
+
+
+def _with_labels(data: bytes, prefix: bytes) -> bytes:
+    """Every line of ``data`` with ``prefix`` in front (a last newline starts no new line)."""
+    if not data:
+        return data
+    out = prefix + data.replace(b"\n", b"\n" + prefix)
+    return out[: -len(prefix)] if data.endswith(b"\n") else out

@@ -1,0 +1,67 @@
+"""Negative downsampling (``featurize.negative_rate = 0.1``) against training on all rows, in one run.
+
+The same generated training logs are featurized twice (every row; negatives kept at rate 0.1
+and weighted 10), the test logs once with every row (the test split is never downsampled).
+Both datasets are trained with the default settings and evaluated on the same test set.
+Targets: test logloss within 0.002 of the all-rows model, calibration in [0.98, 1.02], training
+time (``train_seconds``, the job's own clock) <= 0.35x. A short run first fills the executors'
+numba cache, so neither measured run pays for compilation.
+
+``ROWS`` is smaller than the 2M-row training benchmark so that the whole run fits a few minutes
+on a small machine; set TERASCALE_BENCH_DOWNSAMPLING_ROWS to change it, and
+TERASCALE_BENCH_DOWNSAMPLING_L2 to train both with another ``train.l2`` than the default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tests.benchmarks.common import RESULTS, generated_logs
+
+ROWS = int(os.environ.get("TERASCALE_BENCH_DOWNSAMPLING_ROWS", 500_000))
+TEST_ROWS, BITS, RATE = 200_000, 22, 0.1
+if os.environ.get("TERASCALE_BENCH_SMALL"):
+    ROWS, TEST_ROWS = 100_000, 20_000
+
+
+def main() -> dict:
+    from jobs.config import feature_spec, load_config
+    from jobs.scoring import evaluate
+    from jobs.session import get_spark
+    from jobs.train_job import run_train
+    from pipeline import fsutil
+    from pipeline.spark_featurize import run_featurize
+
+    train_raw = generated_logs(ROWS, 2, 41)
+    test_raw = generated_logs(TEST_ROWS, 1, 42)
+    work = RESULTS / "downsampling-work"
+    base = [f"featurize.bits={BITS}", "spark.master=local[2]"]
+    if os.environ.get("TERASCALE_BENCH_DOWNSAMPLING_L2"):
+        base.append(f"train.l2={os.environ['TERASCALE_BENCH_DOWNSAMPLING_L2']}")
+    cfg = load_config([], base)
+    spark = get_spark(cfg.spark)
+    spec = feature_spec(cfg)
+    tsv = lambda d: [str(p) for p in sorted(d.glob("*.tsv"))]  # noqa: E731
+    m_all = run_featurize(spark, tsv(train_raw), str(work / "all"), spec, cfg.featurize)
+    m_s = run_featurize(spark, tsv(train_raw), str(work / "sampled"), spec,
+                        load_config([], [*base, f"featurize.negative_rate={RATE}"]).featurize)
+    run_featurize(spark, tsv(test_raw), str(work / "test"), spec, cfg.featurize)
+    run_train(spark, load_config([], [*base, "train.passes=2"]), str(work / "sampled"), str(work / "warm"))
+    out = {"rows": ROWS, "test_rows": TEST_ROWS, "bits": BITS, "l2": cfg.train.l2, "negative_rate": RATE,
+           "sampling": m_s["sampling"]}
+    for name in ("all", "sampled"):
+        meta = run_train(spark, cfg, str(work / name), str(work / f"model-{name}"))
+        r = evaluate(spark, str(work / "test"), str(work / f"model-{name}"))
+        out[name] = {"train_rows": meta["data"]["train_rows"], "train_seconds": meta["train_seconds"],
+                     "passes": len(meta["history"]), "stop_reason": meta["stop_reason"],
+                     **{k: r[k] for k in ("logloss", "normalized_entropy", "auroc", "calibration")}}
+    out["rows_kept"] = m_s["rows"] / m_all["rows"]
+    out["logloss_delta"] = out["sampled"]["logloss"] - out["all"]["logloss"]
+    out["time_ratio"] = out["sampled"]["train_seconds"] / out["all"]["train_seconds"]
+    out["targets"] = {"logloss_within_0.002": abs(out["logloss_delta"]) <= 0.002,
+                      "calibration_in_0.98_1.02": 0.98 <= out["sampled"]["calibration"] <= 1.02,
+                      "time_ratio_le_0.35": out["time_ratio"] <= 0.35}
+    fsutil.delete(str(work))
+    print(json.dumps(out, indent=2))
+    return out
