@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from . import ciphers
 from . import protocol as proto
 from .acceptor import Acceptor
 from .channel import Channel, connect_authenticated, open_listener
@@ -148,6 +149,7 @@ class TreeNode(Communicator):
         max_wait_s: float | None = None,
         max_unauthenticated: int = 1024,
         max_unauthenticated_per_source: int = 64,
+        cipher: str = ciphers.DEFAULT_CIPHER,
     ) -> TreeNode:
         """Listen on ``host`` (ephemeral port), register shard ``shard``, link up with the tree.
 
@@ -182,6 +184,7 @@ class TreeNode(Communicator):
             buffer_bytes=socket_buffer_bytes,
             max_pending=max_unauthenticated,
             max_pending_per_source=max_unauthenticated_per_source,
+            cipher=cipher,
         ).start()
         try:
             if session is None:
@@ -194,6 +197,7 @@ class TreeNode(Communicator):
                     handshake_timeout_s=handshake_timeout_s,
                     io_timeout_s=io_timeout_s,
                     max_frame_bytes=max_frame_bytes,
+                    cipher=cipher,
                 )
             with session:
                 placement = session.register(
@@ -209,6 +213,7 @@ class TreeNode(Communicator):
                 io_timeout_s=io_timeout_s,
                 max_frame_bytes=max_frame_bytes,
                 buffer_bytes=socket_buffer_bytes,
+                cipher=cipher,
             )
         finally:
             acceptor.close()  # also closes the listener
@@ -533,6 +538,7 @@ def _link(
     io_timeout_s: float,
     max_frame_bytes: int,
     buffer_bytes: int | None,
+    cipher: str,
 ) -> tuple[Channel | None, list[Channel]]:
     """Connect to the parent and collect the children, each link authenticated."""
     me = placement.rank
@@ -554,6 +560,7 @@ def _link(
                 io_timeout_s=io_timeout_s,
                 max_frame_bytes=max_frame_bytes,
                 buffer_bytes=buffer_bytes,
+                cipher=cipher,
             )
             if reply.get("rank") != p.rank:
                 raise ProtocolError(
