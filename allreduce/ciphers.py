@@ -151,28 +151,39 @@ class _Aes(FrameCipher):
         return self._dir + bytes(header[6:14])  # the header's 64-bit sequence number
 
 
+def gcm_seal_into(aead: Any, nonce: bytes, aad: Any, payload: Any, out: Any) -> memoryview:
+    """AES-GCM: ``ciphertext || tag`` of ``payload`` into ``out`` (``len(payload) + 16`` bytes)."""
+    view = memoryview(out)[: len(payload) + GCM_TAG_BYTES]
+    aead.encrypt_into(nonce, payload, aad, view)
+    return view
+
+
+def gcm_open_into(aead: Any, nonce: bytes, aad: Any, wire: Any, out: Any, what: str) -> None:
+    """AES-GCM: verify ``wire`` (``ciphertext || tag``) and decrypt it into ``out``; on a bad tag
+    ``out`` (where the library may have written unverified plaintext) is zeroed, then
+    AuthError."""
+    from cryptography.exceptions import InvalidTag
+
+    try:
+        aead.decrypt_into(nonce, wire, aad, out)
+    except InvalidTag:
+        wipe(out)
+        raise AuthError(
+            f"AES-GCM verification failed for {what} (wrong key or tampered frame)"
+        ) from None
+
+
 class GcmCipher(_Aes):
     name = "aes-gcm"
     encrypts = True
 
     def seal(self, header: bytes, payload: Any, out: Any = None) -> Any:
-        n = len(payload)
         if out is None:
-            out = bytearray(n + GCM_TAG_BYTES)
-        out = memoryview(out)[: n + GCM_TAG_BYTES]
-        self._aead.encrypt_into(self._nonce(header), payload, header, out)
-        return out
+            out = bytearray(len(payload) + GCM_TAG_BYTES)
+        return gcm_seal_into(self._aead, self._nonce(header), header, payload, out)
 
     def open_into(self, header: bytes, wire: Any, out: Any, what: str) -> None:
-        from cryptography.exceptions import InvalidTag
-
-        try:
-            self._aead.decrypt_into(self._nonce(header), wire, header, out)
-        except InvalidTag:
-            wipe(out)
-            raise AuthError(
-                f"AES-GCM verification failed for {what} (wrong key or tampered frame)"
-            ) from None
+        gcm_open_into(self._aead, self._nonce(header), header, wire, out, what)
 
 
 class GmacCipher(_Aes):
