@@ -166,6 +166,8 @@ class Channel:
         # ciphertext buffers (aes-gcm), grown to the largest frame once and reused
         self._seal_buf = bytearray(0)
         self._open_buf = bytearray(0)
+        # where a data frame's time goes (see :meth:`perf`): (wall s, thread CPU s) per stage
+        self._perf = {k: [0.0, 0.0] for k in ("seal", "send", "recv", "open")}
         self._send_seq = first_seq
         self._recv_seq = first_seq
         self._send_lock = threading.Lock()
@@ -185,6 +187,23 @@ class Channel:
     @property
     def who(self) -> str:
         return _who(self.rank, self.peer)
+
+    def perf(self) -> dict[str, float]:
+        """Running totals over the data frames of this link, in seconds: ``seal`` (encrypt or
+        MAC), ``send`` (socket writes), ``recv`` (socket reads), ``open`` (verify, decrypt),
+        each as ``<stage>_s`` (wall) and ``<stage>_cpu_s`` (this thread's CPU, user + system:
+        the kernel's copies count; ``recv_s - recv_cpu_s`` is time spent waiting for bytes)."""
+        out = {}
+        for k, (wall, cpu) in self._perf.items():
+            out[f"{k}_s"], out[f"{k}_cpu_s"] = wall, cpu
+        return out
+
+    def _clock(self, stage: str, w0: float, c0: float) -> tuple[float, float]:
+        w1, c1 = time.perf_counter(), time.thread_time()
+        acc = self._perf[stage]
+        acc[0] += w1 - w0
+        acc[1] += c1 - c0
+        return w1, c1
 
     def set_timeout(self, timeout_s: float) -> None:
         """Bound every later blocking send/receive on this link (call while the link is idle)."""
@@ -374,8 +393,10 @@ class Channel:
 
     def _send_locked(self, msg_type: MsgType, view: memoryview) -> None:
         self._check_nonce_space()
+        t = time.perf_counter(), time.thread_time()
         header = proto.pack_header(msg_type, self._send_seq, len(view))
         wire = self._seal(header, view)
+        t = self._clock("seal", *t)
         stall = None
         if self._heartbeat_timeout_s is not None:
             stall = self._stall(f"sending it a {msg_type.name} frame", receiving=False)
@@ -384,6 +405,7 @@ class Channel:
         proto.send_buffers(
             self.sock, (tail, header, *wire), rank=self.rank, peer=self.peer, stall=stall
         )
+        self._clock("send", *t)
         self._last_sent = time.monotonic()
 
     def send_json(self, msg_type: MsgType, obj: dict[str, Any]) -> None:
@@ -494,17 +516,21 @@ class Channel:
                 )
             what = f"a {msg_type.name} frame from {self.who}"
             fc = self._recv_fc
+            t = time.perf_counter(), time.thread_time()
             if fc.encrypts:  # ciphertext || tag into the reused buffer, decrypted into ``out``
                 need = len(out) + self._tag_bytes
                 if len(self._open_buf) < need:
                     self._open_buf = bytearray(need)
                 wire = memoryview(self._open_buf)[:need]
                 proto.recv_exact(self.sock, wire, rank=rank, peer=peer, stall=stall)
+                t = self._clock("recv", *t)
                 fc.open_into(bytes(hbuf), wire, out, what)
             else:  # the payload lands in ``out``; the tag is checked after
                 proto.recv_exact(self.sock, out, rank=rank, peer=peer, stall=stall)
                 proto.recv_exact(self.sock, memoryview(tag), rank=rank, peer=peer, stall=stall)
+                t = self._clock("recv", *t)
                 fc.open_into(bytes(hbuf), tag, out, what)
+            self._clock("open", *t)
             try:
                 proto.check_seq(header.seq, self._recv_seq, self.who)
             except ProtocolError:

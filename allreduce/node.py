@@ -49,6 +49,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -101,6 +102,8 @@ class TreeNode(Communicator):
         self._chunk_bytes = int(chunk_bytes)
         self._io_timeout_s = io_timeout_s
         self._stats = CallStats()
+        self._add_s = 0.0
+        self._outputs = _OutputPool()
         self._scratch: dict[np.dtype, list[np.ndarray]] = {}
         self._busy = threading.Lock()
         self._broken: BaseException | None = None
@@ -279,6 +282,17 @@ class TreeNode(Communicator):
     def totals(self) -> dict[str, Any]:
         return dict(self._stats.totals)
 
+    def perf(self) -> dict[str, float]:
+        """Where this rank's collectives spent their time, summed over its links (see
+        :meth:`Channel.perf <allreduce.channel.Channel.perf>`), plus ``add_s``: the additions
+        of the reduce phase. Stages on different threads overlap, so they need not sum to the
+        wall time."""
+        out = {"add_s": self._add_s}
+        for chan in self._links():
+            for k, v in chan.perf().items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
     def close(self, error: BaseException | None = None) -> None:
         """Close every link; with ``error`` (and no abort sent yet) send ABORT first."""
         if self._closed:
@@ -341,7 +355,7 @@ class TreeNode(Communicator):
         per = max(1, self._chunk_bytes // item)
         bounds = [(lo, min(lo + per, n)) for lo in range(0, n, per)] or [(0, 0)]
         nchunks = len(bounds)
-        out = np.empty_like(flat)
+        out = self._outputs.take(flat.dtype, n)
         root = self._parent is None
         parent, children = self._parent, self._children
         up_type, down_type = _UP[item], _DOWN[item]
@@ -367,9 +381,11 @@ class TreeNode(Communicator):
             else:
                 for j, chan in enumerate(sources):
                     chan.recv_data_into(up_type, _bytes(scratch[j][:m]))
+                t = time.perf_counter()
                 np.add(flat[lo:hi], scratch[0][:m], out=target)
                 for j in range(1, len(sources)):
                     np.add(target, scratch[j][:m], out=target)
+                self._add_s += time.perf_counter() - t
             if root:
                 if i == 0:
                     first_ready[0] = time.perf_counter()
@@ -461,6 +477,42 @@ class TreeNode(Communicator):
             chan.try_send_abort(origin, reason)
         for chan in self._links():
             chan.shutdown()
+
+
+class _OutputPool:
+    """Result arrays whose memory is reused once the caller has dropped them.
+
+    A collective returns a new array the caller owns. Allocating a fresh multi-megabyte array
+    per call costs the kernel's page faults (and, with transparent huge pages, compaction) on
+    first touch, which was a large share of an AllReduce's time; so a large result is a fresh
+    array over a pooled block of memory, and the block goes back to the pool (at most ``keep``
+    per size) when that array and every view of it are gone (``weakref.finalize`` on the
+    array: numpy views keep it alive as their base).
+    """
+
+    MIN_BYTES = 1 << 20
+
+    def __init__(self, keep: int = 2) -> None:
+        self._free: dict[int, list[bytearray]] = {}
+        self._keep = keep
+
+    def take(self, dtype: np.dtype, n: int) -> np.ndarray:
+        nbytes = n * dtype.itemsize
+        if nbytes < self.MIN_BYTES:
+            return np.empty(n, dtype=dtype)
+        free = self._free.get(nbytes)
+        try:
+            mem = free.pop() if free else bytearray(nbytes)
+        except IndexError:  # emptied by another thread meanwhile
+            mem = bytearray(nbytes)
+        arr = np.frombuffer(mem, dtype=dtype)
+        weakref.finalize(arr, self._give_back, nbytes, mem)
+        return arr
+
+    def _give_back(self, nbytes: int, mem: bytearray) -> None:
+        free = self._free.setdefault(nbytes, [])
+        if len(free) < self._keep:
+            free.append(mem)
 
 
 class _Children:

@@ -240,3 +240,26 @@ def test_separate_processes_agree_bit_for_bit():
 
     r = bench.allreduce_bandwidth(3, n=100_003, repeats=1, chunk_bytes=1 << 16)
     assert r["k"] == 3 and r["best_s"] > 0
+
+
+def test_results_are_owned_by_the_caller_and_their_memory_reused_once_dropped():
+    """Large results come from a pool: a held result is never overwritten by a later call, a
+    dropped one's memory is used again (no fresh page faults per call)."""
+    import gc
+
+    n = (1 << 20) // 4 + 1  # just over 1 MiB of float32
+
+    def body(node):
+        first = node.allreduce(np.full(n, 1.0, dtype=np.float32))
+        second = node.allreduce(np.full(n, 2.0, dtype=np.float32))
+        held_ok = first[0] == 2.0 and first[-1] == 2.0 and second[0] == 4.0
+        address = first.__array_interface__["data"][0]
+        first[:] = -1.0  # the caller may write into its result
+        del first
+        gc.collect()
+        third = node.allreduce(np.full(n, 3.0, dtype=np.float32))
+        reused = third.__array_interface__["data"][0] == address
+        return held_ok, bool(second[0] == 4.0), bool((third == 6.0).all()), reused
+
+    run = run_tree(2, body, node_kwargs={"chunk_bytes": 1 << 18})
+    assert run.results == [(True, True, True, True)] * 2

@@ -97,7 +97,7 @@ def raw_loopback(nbytes: int = RAW_BYTES, repeats: int = 5) -> dict[str, Any]:
 # AllReduce
 
 
-def _ar_worker(address, key, shard, n, repeats, chunk_bytes, queue) -> None:
+def _ar_worker(address, key, shard, n, repeats, chunk_bytes, queue, cipher="aes-gcm") -> None:
     from allreduce.node import TreeNode
 
     try:
@@ -109,9 +109,11 @@ def _ar_worker(address, key, shard, n, repeats, chunk_bytes, queue) -> None:
             attempt_id=f"bench-{os.getpid()}",
             chunk_bytes=chunk_bytes,
             io_timeout_s=120.0,
+            cipher=cipher,
         ) as node:
             node.allreduce(x)  # warm up (page-faults the buffers, grows TCP windows)
             walls, cpus, digest = [], [], ""
+            perf0 = node.perf()
             for _ in range(repeats):
                 node.barrier()
                 c0, t0 = time.process_time(), time.perf_counter()
@@ -119,18 +121,23 @@ def _ar_worker(address, key, shard, n, repeats, chunk_bytes, queue) -> None:
                 walls.append(time.perf_counter() - t0)
                 cpus.append(time.process_time() - c0)
                 digest = hashlib.sha256(out.tobytes()).hexdigest()
+            perf = {k: (v - perf0.get(k, 0.0)) / repeats for k, v in node.perf().items()}
             node.barrier()
             t0 = time.perf_counter()
             for _ in range(SCALAR_CALLS):
                 node.allreduce_scalars([1.0, 2.0, 3.0, 4.0])
             scalar_s = (time.perf_counter() - t0) / SCALAR_CALLS
-        queue.put((shard, walls, cpus, digest, scalar_s, None))
+        queue.put((shard, walls, cpus, digest, scalar_s, None, perf))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        queue.put((shard, [], [], "", 0.0, f"{type(exc).__name__}: {exc}"))
+        queue.put((shard, [], [], "", 0.0, f"{type(exc).__name__}: {exc}", {}))
 
 
 def allreduce_bandwidth(
-    k: int, n: int = VECTOR_ELEMENTS, repeats: int = 5, chunk_bytes: int = 1 << 20
+    k: int,
+    n: int = VECTOR_ELEMENTS,
+    repeats: int = 5,
+    chunk_bytes: int = 1 << 20,
+    cipher: str = "aes-gcm",
 ) -> dict[str, Any]:
     """AllReduce of ``n`` float32 over ``k`` processes; see the module docstring."""
     from allreduce.protocol import new_key
@@ -138,11 +145,11 @@ def allreduce_bandwidth(
 
     key = new_key()
     queue = _CTX.Queue()
-    with TreeServer(k, key, startup_timeout_s=120.0) as server:
+    with TreeServer(k, key, startup_timeout_s=120.0, cipher=cipher) as server:
         procs = [
             _CTX.Process(
                 target=_ar_worker,
-                args=(server.address, key, s, n, repeats, chunk_bytes, queue),
+                args=(server.address, key, s, n, repeats, chunk_bytes, queue, cipher),
             )
             for s in range(k)
         ]
@@ -162,6 +169,7 @@ def allreduce_bandwidth(
     best, med = min(walls), statistics.median(walls)
     return {
         "k": k,
+        "cipher": cipher,
         "elements": n,
         "bytes": nbytes,
         "chunk_bytes": chunk_bytes,
@@ -171,6 +179,8 @@ def allreduce_bandwidth(
         "median_GBps": nbytes / med / 1e9,
         "cpu_s": statistics.median(cpus),
         "scalars_latency_s": max(r[4] for r in results),
+        # per rank (shard order), per call: seconds in each stage (TreeNode.perf)
+        "perf_per_rank": [r[6] for r in sorted(results, key=lambda r: r[0])],
     }
 
 
