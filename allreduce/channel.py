@@ -168,6 +168,7 @@ class Channel:
         self._open_buf = bytearray(0)
         # where a data frame's time goes (see :meth:`perf`): (wall s, thread CPU s) per stage
         self._perf = {k: [0.0, 0.0] for k in ("seal", "send", "recv", "open")}
+        self._pending = 0  # frames sealed by seal_data and not yet sent by send_sealed
         self._send_seq = first_seq
         self._recv_seq = first_seq
         self._send_lock = threading.Lock()
@@ -278,6 +279,8 @@ class Channel:
         if not self._send_lock.acquire(blocking=False):
             return
         try:
+            if self._pending:  # sealed frames own the next sequence numbers: they go first
+                return
             if self._tail and not self._write_nowait(self._tail):
                 return
             if time.monotonic() - self._last_sent < min_interval_s:
@@ -408,6 +411,58 @@ class Channel:
         self._clock("send", *t)
         self._last_sent = time.monotonic()
 
+    @property
+    def tag_bytes(self) -> int:
+        return self._tag_bytes
+
+    @property
+    def encrypts(self) -> bool:
+        return self._send_fc.encrypts
+
+    def seal_data(self, msg_type: MsgType, view: memoryview, out: Any) -> tuple[Any, ...]:
+        """Seal one data frame now, for :meth:`send_sealed` later (sealing overlaps the wire).
+
+        The frame takes the next sequence number. ``out`` (``len(view) + tag_bytes`` bytes)
+        receives the ciphertext if the cipher encrypts; otherwise the frame refers to ``view``,
+        which must stay unchanged until the frame is sent. Sealed frames must be sent in order,
+        by one thread; until they are, no heartbeat or ABORT is sent on this link.
+        """
+        if len(view) > self.max_frame_bytes:
+            raise ProtocolError(
+                f"refusing to send a {msg_type.name} frame of {len(view)} bytes (over the limit)"
+            )
+        with self._send_lock:
+            self._check_nonce_space()
+            t = time.perf_counter(), time.thread_time()
+            header = proto.pack_header(msg_type, self._send_seq, len(view))
+            fc = self._send_fc
+            if fc.encrypts:
+                wire: tuple[Any, ...] = (fc.seal(header, view, out),)
+            else:
+                wire = (view, fc.seal(header, view))
+            self._send_seq += 1
+            self._pending += 1
+            self._clock("seal", *t)
+        return (header, *wire)
+
+    def send_sealed(self, frame: tuple[Any, ...]) -> None:
+        """Send a frame from :meth:`seal_data` (the oldest one not sent yet)."""
+        with self._send_lock:
+            stall = None
+            if self._heartbeat_timeout_s is not None:
+                name = MsgType(frame[0][5]).name
+                stall = self._stall(f"sending it a {name} frame", receiving=False)
+            tail, self._tail = self._tail, b""
+            t = time.perf_counter(), time.thread_time()
+            try:
+                proto.send_buffers(
+                    self.sock, (tail, *frame), rank=self.rank, peer=self.peer, stall=stall
+                )
+            finally:
+                self._pending -= 1
+            self._clock("send", *t)
+            self._last_sent = time.monotonic()
+
     def send_json(self, msg_type: MsgType, obj: dict[str, Any]) -> None:
         self.send(msg_type, proto.encode_json(obj))
 
@@ -420,7 +475,7 @@ class Channel:
         if self._closed or not self._send_lock.acquire(blocking=False):
             return False
         try:
-            if self._send_seq > proto.MAX_SEQ:
+            if self._send_seq > proto.MAX_SEQ or self._pending:
                 return False
             payload = proto.encode_json({"origin": origin, "reason": reason[:1000]})
             data = self._tail + self._small_frame(MsgType.ABORT, payload)
