@@ -1,21 +1,27 @@
 """Authenticated, sequenced connections: the handshake, the :class:`Channel`, the acceptor.
 
-Handshake (both HELLO frames have sequence number 0 and are keyed by the attempt key)::
+Handshake (both HELLO frames have sequence number 0 and are HMAC-SHA256 keyed by the attempt
+key)::
 
-    client -> server  HELLO {"proto", "role", "nonce", ...identity}
-    server -> client  HELLO {"proto", "role", "nonce", "echo": client nonce, ...}
+    client -> server  HELLO {"proto", "role", "nonce", "cipher", ...identity}
+    server -> client  HELLO {"proto", "role", "nonce", "cipher", "echo": client nonce, ...}
 
 The server only answers a valid HELLO (at most ``HELLO_MAX_BYTES``) that arrived within
 ``handshake_timeout_s`` (a deadline for the whole frame, so trickling bytes does not help) and
 that its ``accept`` callback approves; anything else (silence, random bytes, an HTTP request,
-the wrong key) is closed without an answer. Both sides then switch to session keys derived from
-both nonces (:func:`~allreduce.protocol.derive_session_keys`) and count sequence numbers from 1.
+the wrong key) is closed without an answer. An authenticated HELLO naming another cipher is
+answered with the server's cipher (so the client can say why) and refused on both sides with
+a ProtocolError naming both ciphers (not retried). Both sides then switch to session keys
+derived from both nonces and both HELLOs (:func:`~allreduce.protocol.derive_session_keys`),
+seal every frame with the cipher (:mod:`allreduce.ciphers`) and count sequence numbers from 1.
 Clients retry refused or unanswered tries with backoff (:func:`connect_authenticated`);
 listeners accept with :mod:`allreduce.acceptor`.
 
 A :class:`Channel` is full duplex: one thread may send while another receives. Data frames are
-sent with scatter/gather I/O from the caller's buffer and received into a preallocated buffer
-whose exact length is known in advance, so a data frame never causes an allocation.
+sent with scatter/gather I/O (from the caller's buffer, or from a reused ciphertext buffer with
+``aes-gcm``) and received into a preallocated buffer whose exact length is known in advance
+(with ``aes-gcm``: a reused ciphertext buffer, decrypted into the caller's), so a data frame
+never causes an allocation of its size.
 
 Liveness (tree links, :meth:`Channel.enable_liveness`): HEARTBEAT frames (empty, authenticated
 and sequenced like every frame) are sent on an idle link by :meth:`Channel.send_heartbeat` and
