@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import ciphers
 from . import protocol as proto
 from .channel import Channel, answer_hello, check_hello_header, tune_socket
 from .errors import AllreduceError, ProtocolError
@@ -86,6 +87,7 @@ class Acceptor:
         buffer_bytes: int | None = None,
         max_pending: int = 1024,
         max_pending_per_source: int = 64,
+        cipher: str = ciphers.DEFAULT_CIPHER,
     ) -> None:
         if max_pending < 1 or max_pending_per_source < 1:
             raise ValueError("max_pending and max_pending_per_source must be at least 1")
@@ -99,6 +101,7 @@ class Acceptor:
         self._handshake_timeout_s = handshake_timeout_s
         self._io_timeout_s = io_timeout_s
         self._max_frame_bytes = max_frame_bytes
+        self._cipher = ciphers.check_cipher(cipher)
         self._buffer_bytes = buffer_bytes
         self._max_pending = max_pending
         self._max_per_source = max_pending_per_source
@@ -240,6 +243,7 @@ class Acceptor:
                 deadline=p.deadline,
                 io_timeout_s=self._io_timeout_s,
                 max_frame_bytes=self._max_frame_bytes,
+                cipher=self._cipher,
             )
         except (AllreduceError, OSError) as exc:
             self._count(p, str(exc), evicted=False)

@@ -1,21 +1,27 @@
 """Authenticated, sequenced connections: the handshake, the :class:`Channel`, the acceptor.
 
-Handshake (both HELLO frames have sequence number 0 and are keyed by the attempt key)::
+Handshake (both HELLO frames have sequence number 0 and are HMAC-SHA256 keyed by the attempt
+key)::
 
-    client -> server  HELLO {"proto", "role", "nonce", ...identity}
-    server -> client  HELLO {"proto", "role", "nonce", "echo": client nonce, ...}
+    client -> server  HELLO {"proto", "role", "nonce", "cipher", ...identity}
+    server -> client  HELLO {"proto", "role", "nonce", "cipher", "echo": client nonce, ...}
 
 The server only answers a valid HELLO (at most ``HELLO_MAX_BYTES``) that arrived within
 ``handshake_timeout_s`` (a deadline for the whole frame, so trickling bytes does not help) and
 that its ``accept`` callback approves; anything else (silence, random bytes, an HTTP request,
-the wrong key) is closed without an answer. Both sides then switch to session keys derived from
-both nonces (:func:`~allreduce.protocol.derive_session_keys`) and count sequence numbers from 1.
+the wrong key) is closed without an answer. An authenticated HELLO naming another cipher is
+answered with the server's cipher (so the client can say why) and refused on both sides with
+a ProtocolError naming both ciphers (not retried). Both sides then switch to session keys
+derived from both nonces and both HELLOs (:func:`~allreduce.protocol.derive_session_keys`),
+seal every frame with the cipher (:mod:`allreduce.ciphers`) and count sequence numbers from 1.
 Clients retry refused or unanswered tries with backoff (:func:`connect_authenticated`);
 listeners accept with :mod:`allreduce.acceptor`.
 
 A :class:`Channel` is full duplex: one thread may send while another receives. Data frames are
-sent with scatter/gather I/O from the caller's buffer and received into a preallocated buffer
-whose exact length is known in advance, so a data frame never causes an allocation.
+sent with scatter/gather I/O (from the caller's buffer, or from a reused ciphertext buffer with
+``aes-gcm``) and received into a preallocated buffer whose exact length is known in advance
+(with ``aes-gcm``: a reused ciphertext buffer, decrypted into the caller's), so a data frame
+never causes an allocation of its size.
 
 Liveness (tree links, :meth:`Channel.enable_liveness`): HEARTBEAT frames (empty, authenticated
 and sequenced like every frame) are sent on an idle link by :meth:`Channel.send_heartbeat` and
@@ -38,6 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import ciphers
 from . import protocol as proto
 from .errors import (
     AuthError,
@@ -50,7 +57,7 @@ from .protocol import MsgType
 
 log = logging.getLogger(__name__)
 
-PROTO_NAME = "terascale-allreduce/1"
+PROTO_NAME = "terascale-allreduce/2"
 _MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 
 
@@ -149,19 +156,31 @@ class Channel:
         io_timeout_s: float,
         max_frame_bytes: int = proto.DEFAULT_MAX_FRAME_BYTES,
         first_seq: int = 1,
+        cipher: str = ciphers.DEFAULT_CIPHER,
+        send_direction: str = "c2s",
     ) -> None:
         self.sock = sock
         self.rank = rank
         self.peer = peer
         self.max_frame_bytes = max_frame_bytes
-        self._send_mac = proto.Mac(send_key)
-        self._recv_mac = proto.Mac(recv_key)
+        self.cipher = ciphers.check_cipher(cipher)
+        recv_direction = "s2c" if send_direction == "c2s" else "c2s"
+        self._send_fc = ciphers.frame_cipher(cipher, send_key, send_direction)
+        self._recv_fc = ciphers.frame_cipher(cipher, recv_key, recv_direction)
+        self._tag_bytes = self._send_fc.tag_bytes
+        self._heartbeat_bytes = proto.HEADER_BYTES + self._tag_bytes  # a heartbeat: no payload
+        # ciphertext buffers (aes-gcm), grown to the largest frame once and reused
+        self._seal_buf = bytearray(0)
+        self._open_buf = bytearray(0)
+        # where a data frame's time goes (see :meth:`perf`): (wall s, thread CPU s) per stage
+        self._perf = {k: [0.0, 0.0] for k in ("seal", "send", "recv", "open")}
+        self._pending = 0  # frames sealed by seal_data and not yet sent by send_sealed
         self._send_seq = first_seq
         self._recv_seq = first_seq
         self._send_lock = threading.Lock()
         self._recv_lock = threading.Lock()  # one reader at a time: a collective or poll_heartbeats
         self._header_buf = bytearray(proto.HEADER_BYTES)
-        self._tag_buf = bytearray(proto.TAG_BYTES)
+        self._tag_buf = bytearray(self._tag_bytes)
         self._closed = False
         # liveness (tree links only, see enable_liveness): None = every call bounded by io_timeout_s
         self._heartbeat_timeout_s: float | None = None
@@ -175,6 +194,23 @@ class Channel:
     @property
     def who(self) -> str:
         return _who(self.rank, self.peer)
+
+    def perf(self) -> dict[str, float]:
+        """Running totals over the data frames of this link, in seconds: ``seal`` (encrypt or
+        MAC), ``send`` (socket writes), ``recv`` (socket reads), ``open`` (verify, decrypt),
+        each as ``<stage>_s`` (wall) and ``<stage>_cpu_s`` (this thread's CPU, user + system:
+        the kernel's copies count; ``recv_s - recv_cpu_s`` is time spent waiting for bytes)."""
+        out = {}
+        for k, (wall, cpu) in self._perf.items():
+            out[f"{k}_s"], out[f"{k}_cpu_s"] = wall, cpu
+        return out
+
+    def _clock(self, stage: str, w0: float, c0: float) -> tuple[float, float]:
+        w1, c1 = time.perf_counter(), time.thread_time()
+        acc = self._perf[stage]
+        acc[0] += w1 - w0
+        acc[1] += c1 - c0
+        return w1, c1
 
     def set_timeout(self, timeout_s: float) -> None:
         """Bound every later blocking send/receive on this link (call while the link is idle)."""
@@ -249,12 +285,15 @@ class Channel:
         if not self._send_lock.acquire(blocking=False):
             return
         try:
+            if self._pending:  # sealed frames own the next sequence numbers: they go first
+                return
             if self._tail and not self._write_nowait(self._tail):
                 return
             if time.monotonic() - self._last_sent < min_interval_s:
                 return
-            header = proto.pack_header(MsgType.HEARTBEAT, self._send_seq, 0)
-            self._write_nowait(header + self._send_mac.tag(header), new_frame=True)
+            if self._send_seq > proto.MAX_SEQ:
+                return
+            self._write_nowait(self._small_frame(MsgType.HEARTBEAT, b""), new_frame=True)
         finally:
             self._send_lock.release()
 
@@ -293,10 +332,10 @@ class Channel:
             poller.register(self.sock.fileno(), select.POLLIN)
             while poller.poll(0):
                 try:
-                    head = self.sock.recv(proto.HEARTBEAT_FRAME_BYTES, socket.MSG_PEEK)
+                    head = self.sock.recv(self._heartbeat_bytes, socket.MSG_PEEK)
                 except OSError:
                     return
-                if len(head) < proto.HEARTBEAT_FRAME_BYTES:
+                if len(head) < self._heartbeat_bytes:
                     return  # EOF, or not a whole frame yet: the reader will see it
                 try:
                     header = proto.parse_header(head[: proto.HEADER_BYTES])
@@ -304,9 +343,9 @@ class Channel:
                     return
                 if header.msg_type is not MsgType.HEARTBEAT or header.length:
                     return
-                data = self.sock.recv(proto.HEARTBEAT_FRAME_BYTES)  # what was peeked: no wait
+                data = self.sock.recv(self._heartbeat_bytes)  # what was peeked: no wait
                 try:
-                    if len(data) != proto.HEARTBEAT_FRAME_BYTES:
+                    if len(data) != self._heartbeat_bytes:
                         raise ProtocolError(f"{self.who}: a heartbeat was cut short")
                     self._check_heartbeat(data[: proto.HEADER_BYTES], header, data[proto.HEADER_BYTES :])
                 except ProtocolError as exc:
@@ -320,7 +359,7 @@ class Channel:
     def _check_heartbeat(self, header_bytes: Any, header: proto.Header, tag: Any) -> None:
         if header.length:
             raise ProtocolError(f"{self.who} sent a HEARTBEAT with a {header.length}-byte payload")
-        proto.verify_tag(self._recv_mac.tag(bytes(header_bytes)), tag, f"a HEARTBEAT from {self.who}")
+        self._recv_fc.open_into(bytes(header_bytes), tag, bytearray(0), f"a HEARTBEAT from {self.who}")
         proto.check_seq(header.seq, self._recv_seq, self.who)
         self._recv_seq += 1
         self.last_heard = time.monotonic()
@@ -339,18 +378,96 @@ class Channel:
         with self._send_lock:
             self._send_locked(msg_type, view)
 
+    def _check_nonce_space(self) -> None:
+        if self._send_seq > proto.MAX_SEQ:
+            raise ciphers.NonceExhausted(
+                f"the link to {self.who} has sent 2^64 frames in this direction: its sequence "
+                "numbers (the AEAD nonces) would wrap, so it refuses to send more (reconnect)"
+            )
+
+    def _seal(self, header: bytes, view: memoryview) -> tuple[Any, ...]:
+        """What follows ``header`` on the wire: ``(ciphertext || tag,)`` or ``(payload, tag)``."""
+        fc = self._send_fc
+        if not fc.encrypts:
+            return view, fc.seal(header, view)
+        need = len(view) + self._tag_bytes
+        if len(self._seal_buf) < need:
+            self._seal_buf = bytearray(need)
+        return (fc.seal(header, view, self._seal_buf),)
+
+    def _small_frame(self, msg_type: MsgType, payload: Any) -> bytes:
+        """A complete control frame as bytes, with the next sequence number (not consumed)."""
+        header = proto.pack_header(msg_type, self._send_seq, len(payload))
+        return b"".join([header, *(bytes(b) for b in self._seal(header, memoryview(payload)))])
+
     def _send_locked(self, msg_type: MsgType, view: memoryview) -> None:
+        self._check_nonce_space()
+        t = time.perf_counter(), time.thread_time()
         header = proto.pack_header(msg_type, self._send_seq, len(view))
-        tag = self._send_mac.tag(header, view)
+        wire = self._seal(header, view)
+        t = self._clock("seal", *t)
         stall = None
         if self._heartbeat_timeout_s is not None:
             stall = self._stall(f"sending it a {msg_type.name} frame", receiving=False)
         tail, self._tail = self._tail, b""
         self._send_seq += 1  # the frame is cut short only with an error that ends the link
         proto.send_buffers(
-            self.sock, (tail, header, view, tag), rank=self.rank, peer=self.peer, stall=stall
+            self.sock, (tail, header, *wire), rank=self.rank, peer=self.peer, stall=stall
         )
+        self._clock("send", *t)
         self._last_sent = time.monotonic()
+
+    @property
+    def tag_bytes(self) -> int:
+        return self._tag_bytes
+
+    @property
+    def encrypts(self) -> bool:
+        return self._send_fc.encrypts
+
+    def seal_data(self, msg_type: MsgType, view: memoryview, out: Any) -> tuple[Any, ...]:
+        """Seal one data frame now, for :meth:`send_sealed` later (sealing overlaps the wire).
+
+        The frame takes the next sequence number. ``out`` (``len(view) + tag_bytes`` bytes)
+        receives the ciphertext if the cipher encrypts; otherwise the frame refers to ``view``,
+        which must stay unchanged until the frame is sent. Sealed frames must be sent in order,
+        by one thread; until they are, no heartbeat or ABORT is sent on this link.
+        """
+        if len(view) > self.max_frame_bytes:
+            raise ProtocolError(
+                f"refusing to send a {msg_type.name} frame of {len(view)} bytes (over the limit)"
+            )
+        with self._send_lock:
+            self._check_nonce_space()
+            t = time.perf_counter(), time.thread_time()
+            header = proto.pack_header(msg_type, self._send_seq, len(view))
+            fc = self._send_fc
+            if fc.encrypts:
+                wire: tuple[Any, ...] = (fc.seal(header, view, out),)
+            else:
+                wire = (view, fc.seal(header, view))
+            self._send_seq += 1
+            self._pending += 1
+            self._clock("seal", *t)
+        return (header, *wire)
+
+    def send_sealed(self, frame: tuple[Any, ...]) -> None:
+        """Send a frame from :meth:`seal_data` (the oldest one not sent yet)."""
+        with self._send_lock:
+            stall = None
+            if self._heartbeat_timeout_s is not None:
+                name = MsgType(frame[0][5]).name
+                stall = self._stall(f"sending it a {name} frame", receiving=False)
+            tail, self._tail = self._tail, b""
+            t = time.perf_counter(), time.thread_time()
+            try:
+                proto.send_buffers(
+                    self.sock, (tail, *frame), rank=self.rank, peer=self.peer, stall=stall
+                )
+            finally:
+                self._pending -= 1
+            self._clock("send", *t)
+            self._last_sent = time.monotonic()
 
     def send_json(self, msg_type: MsgType, obj: dict[str, Any]) -> None:
         self.send(msg_type, proto.encode_json(obj))
@@ -364,9 +481,10 @@ class Channel:
         if self._closed or not self._send_lock.acquire(blocking=False):
             return False
         try:
+            if self._send_seq > proto.MAX_SEQ or self._pending:
+                return False
             payload = proto.encode_json({"origin": origin, "reason": reason[:1000]})
-            header = proto.pack_header(MsgType.ABORT, self._send_seq, len(payload))
-            data = self._tail + header + payload + self._send_mac.tag(header, payload)
+            data = self._tail + self._small_frame(MsgType.ABORT, payload)
             try:
                 sent = self.sock.send(data, _MSG_DONTWAIT)
             except OSError:
@@ -400,7 +518,7 @@ class Channel:
             while True:
                 frame = proto.read_frame(
                     self.sock,
-                    self._recv_mac,
+                    self._recv_fc,
                     expected_seq=self._recv_seq,
                     rank=self.rank,
                     peer=self.peer,
@@ -457,27 +575,39 @@ class Channel:
                     f"{self.who} sent a {msg_type.name} frame of {header.length} bytes, expected {len(out)} "
                     "(do all ranks pass arrays of the same length and use the same chunk_bytes?)"
                 )
-            proto.recv_exact(self.sock, out, rank=rank, peer=peer, stall=stall)
-            proto.recv_exact(self.sock, memoryview(tag), rank=rank, peer=peer, stall=stall)
-            proto.verify_tag(
-                self._recv_mac.tag(bytes(hbuf), out), tag, f"a {msg_type.name} frame from {self.who}"
-            )
-            proto.check_seq(header.seq, self._recv_seq, self.who)
+            what = f"a {msg_type.name} frame from {self.who}"
+            fc = self._recv_fc
+            t = time.perf_counter(), time.thread_time()
+            if fc.encrypts:  # ciphertext || tag into the reused buffer, decrypted into ``out``
+                need = len(out) + self._tag_bytes
+                if len(self._open_buf) < need:
+                    self._open_buf = bytearray(need)
+                wire = memoryview(self._open_buf)[:need]
+                proto.recv_exact(self.sock, wire, rank=rank, peer=peer, stall=stall)
+                t = self._clock("recv", *t)
+                fc.open_into(bytes(hbuf), wire, out, what)
+            else:  # the payload lands in ``out``; the tag is checked after
+                proto.recv_exact(self.sock, out, rank=rank, peer=peer, stall=stall)
+                proto.recv_exact(self.sock, memoryview(tag), rank=rank, peer=peer, stall=stall)
+                t = self._clock("recv", *t)
+                fc.open_into(bytes(hbuf), tag, out, what)
+            self._clock("open", *t)
+            try:
+                proto.check_seq(header.seq, self._recv_seq, self.who)
+            except ProtocolError:
+                ciphers.wipe(out)
+                raise
             self._recv_seq += 1
             self.last_heard = time.monotonic()
 
     def _raise_abort(
         self, header: proto.Header, header_bytes: bytes, stall: Callable[[int], None] | None
     ) -> None:
-        rest = bytearray(header.length + proto.TAG_BYTES)  # header.length <= CONTROL_MAX_BYTES
+        rest = bytearray(header.length + self._tag_bytes)  # header.length <= CONTROL_MAX_BYTES
         view = memoryview(rest)
         proto.recv_exact(self.sock, view, rank=self.rank, peer=self.peer, stall=stall)
-        payload = view[: header.length]
-        proto.verify_tag(
-            self._recv_mac.tag(header_bytes, payload),
-            view[header.length :],
-            f"an ABORT from {self.who}",
-        )
+        payload = bytearray(header.length)
+        proto.open_payload(self._recv_fc, header_bytes, view, payload, f"an ABORT from {self.who}")
         proto.check_seq(header.seq, self._recv_seq, self.who)
         self._recv_seq += 1
         msg = proto.decode_json(bytes(payload), f"ABORT from {self.who}")
@@ -552,14 +682,16 @@ def client_handshake(
     handshake_timeout_s: float,
     io_timeout_s: float,
     max_frame_bytes: int = proto.DEFAULT_MAX_FRAME_BYTES,
+    cipher: str = ciphers.DEFAULT_CIPHER,
 ) -> tuple[Channel, dict[str, Any]]:
     """Authenticate a freshly connected socket as the client side; returns the channel and
     the server's HELLO. Closes nothing on failure (the caller owns ``sock``)."""
     who = _who(rank, peer)
+    ciphers.check_cipher(cipher)
     mac = proto.Mac(key)
     deadline = time.monotonic() + handshake_timeout_s
     nonce = secrets.token_bytes(proto.NONCE_BYTES)
-    hello = {**info, "proto": PROTO_NAME, "role": role, "nonce": nonce.hex()}
+    hello = {**info, "proto": PROTO_NAME, "role": role, "nonce": nonce.hex(), "cipher": cipher}
     payload = proto.encode_json(hello)
     header = proto.pack_header(MsgType.HELLO, 0, len(payload))
     sock.settimeout(handshake_timeout_s)
@@ -585,7 +717,10 @@ def client_handshake(
     server_nonce = _hello_check(reply, expect_role, who)
     if reply.get("echo") != nonce.hex():
         raise AuthError(f"{who}: HELLO reply is not bound to this connection")
-    c2s, s2c = proto.derive_session_keys(key, nonce, server_nonce)
+    _cipher_check(reply.get("cipher"), cipher, who)
+    c2s, s2c = proto.derive_session_keys(
+        key, nonce, server_nonce, cipher, payload + frame.payload
+    )
     chan = Channel(
         sock,
         rank=rank,
@@ -594,8 +729,19 @@ def client_handshake(
         recv_key=s2c,
         io_timeout_s=io_timeout_s,
         max_frame_bytes=max_frame_bytes,
+        cipher=cipher,
+        send_direction="c2s",
     )
     return chan, reply
+
+
+def _cipher_check(theirs: object, mine: str, who: str) -> None:
+    """A mixed-cipher pair is refused: ProtocolError naming both ciphers."""
+    if theirs != mine:
+        raise ProtocolError(
+            f"{who} uses allreduce.cipher = {theirs!r} but this side uses {mine!r}: the driver "
+            "and every rank of a job must use the same cipher"
+        )
 
 
 def check_hello_header(h: proto.Header) -> None:
@@ -616,6 +762,7 @@ def server_handshake(
     handshake_timeout_s: float,
     io_timeout_s: float,
     max_frame_bytes: int = proto.DEFAULT_MAX_FRAME_BYTES,
+    cipher: str = ciphers.DEFAULT_CIPHER,
 ) -> tuple[Channel, dict[str, Any]]:
     """Authenticate an accepted socket as the server side (blocking; the
     :class:`~allreduce.acceptor.Acceptor` reads HELLOs without blocking, then calls
@@ -636,7 +783,7 @@ def server_handshake(
     proto.recv_exact(sock, view, rank=None, peer=who, deadline=deadline)
     return answer_hello(
         sock, key, frame, role=role, expect_role=expect_role, accept=accept, deadline=deadline,
-        io_timeout_s=io_timeout_s, max_frame_bytes=max_frame_bytes,
+        io_timeout_s=io_timeout_s, max_frame_bytes=max_frame_bytes, cipher=cipher,
     )
 
 
@@ -651,29 +798,33 @@ def answer_hello(
     deadline: float,
     io_timeout_s: float,
     max_frame_bytes: int = proto.DEFAULT_MAX_FRAME_BYTES,
+    cipher: str = ciphers.DEFAULT_CIPHER,
 ) -> tuple[Channel, dict[str, Any]]:
     """Authenticate a client's complete HELLO ``frame``, answer it by ``deadline`` and return
     the channel and the client's HELLO; raises (answering nothing) for anything else."""
+    ciphers.check_cipher(cipher)
     decoded = proto.decode_frame(key, frame, expected_seq=0, max_frame_bytes=max_frame_bytes)
     check_hello_header(proto.Header(decoded.msg_type, decoded.seq, len(decoded.payload)))
     hello = proto.decode_json(decoded.payload, "HELLO")
     client_nonce = _hello_check(hello, expect_role, "HELLO")
-    rank, peer, info = accept(hello)
     nonce = secrets.token_bytes(proto.NONCE_BYTES)
-    reply = {
-        **info,
-        "proto": PROTO_NAME,
-        "role": role,
-        "nonce": nonce.hex(),
-        "echo": client_nonce.hex(),
-    }
-    payload = proto.encode_json(reply)
+    base = {"proto": PROTO_NAME, "role": role, "nonce": nonce.hex(), "echo": client_nonce.hex()}
+    mixed = hello.get("cipher") != cipher
+    if mixed:  # an authenticated peer with another cipher: tell it ours, so it can say why
+        rank, peer, info = None, None, {}
+    else:
+        rank, peer, info = accept(hello)
+    payload = proto.encode_json({**info, **base, "cipher": cipher})
     header = proto.pack_header(MsgType.HELLO, 0, len(payload))
     remaining = deadline - time.monotonic()
     sock.settimeout(max(remaining, 0.001))
     mac = proto.Mac(key)
     proto.send_buffers(sock, (header, payload, mac.tag(header, payload)), rank=rank, peer=peer)
-    c2s, s2c = proto.derive_session_keys(key, client_nonce, nonce)
+    if mixed:
+        _cipher_check(hello.get("cipher"), cipher, "a HELLO")
+    c2s, s2c = proto.derive_session_keys(
+        key, client_nonce, nonce, cipher, decoded.payload + payload
+    )
     chan = Channel(
         sock,
         rank=rank,
@@ -682,6 +833,8 @@ def answer_hello(
         recv_key=c2s,
         io_timeout_s=io_timeout_s,
         max_frame_bytes=max_frame_bytes,
+        cipher=cipher,
+        send_direction="s2c",
     )
     return chan, hello
 
@@ -700,6 +853,7 @@ def connect_authenticated(
     io_timeout_s: float,
     max_frame_bytes: int = proto.DEFAULT_MAX_FRAME_BYTES,
     buffer_bytes: int | None = None,
+    cipher: str = ciphers.DEFAULT_CIPHER,
 ) -> tuple[Channel, dict[str, Any]]:
     """Connect and authenticate, retrying with exponential backoff and jitter.
 
@@ -725,7 +879,7 @@ def connect_authenticated(
                 return client_handshake(
                     sock, key, role=role, expect_role=expect_role, info=info, rank=rank,
                     peer=peer, handshake_timeout_s=handshake_timeout_s, io_timeout_s=io_timeout_s,
-                    max_frame_bytes=max_frame_bytes,
+                    max_frame_bytes=max_frame_bytes, cipher=cipher,
                 )
             except BaseException:
                 sock.close()

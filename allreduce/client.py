@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from . import ciphers
 from . import protocol as proto
 from .channel import Channel, connect_authenticated
 from .errors import PeerTimeout, ProtocolError, RoundAborted, StandDown, StartupTimeout
@@ -28,14 +29,15 @@ _NOTICES = frozenset({MsgType.STAND_DOWN, MsgType.ABORT})
 
 
 def _open(address: tuple[str, int], key: bytes, info: dict[str, Any], connect_timeout_s: float,
-          handshake_timeout_s: float, io_timeout_s: float, max_frame_bytes: int) -> Channel:
+          handshake_timeout_s: float, io_timeout_s: float, max_frame_bytes: int,
+          cipher: str) -> Channel:
     """Connect to the tree server and authenticate as a worker, retrying with backoff and
     jitter within ``connect_timeout_s`` (:func:`~allreduce.channel.connect_authenticated`)."""
     key = proto.check_key(key)
     chan, _ = connect_authenticated(
         address, key, role="worker", expect_role="server", info=info, rank=None, peer=SERVER,
         connect_timeout_s=connect_timeout_s, handshake_timeout_s=handshake_timeout_s,
-        io_timeout_s=io_timeout_s, max_frame_bytes=max_frame_bytes,
+        io_timeout_s=io_timeout_s, max_frame_bytes=max_frame_bytes, cipher=cipher,
     )
     return chan
 
@@ -62,11 +64,12 @@ class ServerSession:
         handshake_timeout_s: float = 10.0,
         io_timeout_s: float = 120.0,
         max_frame_bytes: int = proto.DEFAULT_MAX_FRAME_BYTES,
+        cipher: str = ciphers.DEFAULT_CIPHER,
     ) -> ServerSession:
         """Connect to the server and authenticate within the timeouts."""
         attempt_id = str(attempt_id)
         chan = _open(address, key, {"shard": shard, "attempt_id": attempt_id}, connect_timeout_s,
-                     handshake_timeout_s, io_timeout_s, max_frame_bytes)
+                     handshake_timeout_s, io_timeout_s, max_frame_bytes, cipher)
         return cls(chan, shard, attempt_id)
 
     def report_progress(self, rows_done: int) -> None:
@@ -167,9 +170,10 @@ class SpareSession:
         handshake_timeout_s: float = 10.0,
         io_timeout_s: float = 120.0,
         max_frame_bytes: int = proto.DEFAULT_MAX_FRAME_BYTES,
+        cipher: str = ciphers.DEFAULT_CIPHER,
     ) -> SpareSession:
         chan = _open(address, key, {"spare": int(spare)}, connect_timeout_s, handshake_timeout_s,
-                     io_timeout_s, max_frame_bytes)
+                     io_timeout_s, max_frame_bytes, cipher)
         return cls(chan, int(spare))
 
     def wait_assignment(self, *, poll_s: float, timeout_s: float) -> int | None:

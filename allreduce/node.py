@@ -4,9 +4,14 @@ AllReduce (sum) runs in chunks of ``chunk_bytes``. For each chunk, a node receiv
 child's partial sum (children in fixed order: ``2r+1`` then ``2r+2``), adds it to its own
 chunk and sends the result to its parent; the root's sum then flows down the tree chunk by
 chunk. Reduce and broadcast are pipelined: a helper thread carries the downward flow, so the
-reduction of chunk ``i+1`` overlaps the transfer of chunk ``i`` down the tree. The sum order is
-fixed by the tree (see :mod:`allreduce.topology`), and every rank ends with the root's bytes,
-so the result is bit-identical everywhere.
+reduction of chunk ``i+1`` overlaps the transfer of chunk ``i`` down the tree. With
+``overlap`` (the default) every outgoing link also has a writer thread: chunk ``k+1`` is sealed
+(encrypted, with ``aes-gcm``) while chunk ``k`` is on the wire, and received chunks are
+decrypted and added while the next ones arrive in the kernel's socket buffer. Frames are
+received into reused buffers and decrypted straight into the result or a scratch chunk; a chunk
+is added only after its tag is verified. The sum order is fixed by the tree (see
+:mod:`allreduce.topology`), and every rank ends with the root's bytes, so the result is
+bit-identical everywhere.
 
 Slow is not dead. Between two collectives a rank may compute for a long time (a GC pause, a
 slow disk, a skewed shard), while its neighbours already wait for its data. So a waiting rank
@@ -34,7 +39,9 @@ timeout makes its rank look frozen (the solvers' numba kernels release it).
 
 Every blocking call is still bounded: a wait on a live link wakes every
 ``min(heartbeat_timeout_s / 8, 1 s)`` to check the neighbour. On any failure the node sends
-ABORT to its neighbours (who pass it on), so the whole tree stops promptly. ``io_timeout_s``
+ABORT to its neighbours (who pass it on), so the whole tree stops promptly (a link with a
+sealed frame still queued gets no ABORT, only the shutdown: its neighbour sees PeerLost at
+once). ``io_timeout_s``
 bounds the handshakes' sends and receives; with ``heartbeat_timeout_s=None`` (liveness off)
 it bounds every receive of a collective as well.
 
@@ -47,19 +54,22 @@ connect to their parent with retries and backoff.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from . import ciphers
 from . import protocol as proto
 from .acceptor import Acceptor
 from .channel import Channel, connect_authenticated, open_listener
 from .client import ServerSession
 from .communicator import CallStats, Communicator, wire_array
-from .errors import AllreduceError, PeerAborted, PeerTimeout, ProtocolError
+from .errors import AllreduceError, PeerAborted, PeerLost, PeerTimeout, ProtocolError
 from .protocol import MsgType
 from .topology import Placement, path_to_root
 
@@ -91,6 +101,7 @@ class TreeNode(Communicator):
         io_timeout_s: float = 120.0,
         heartbeat_timeout_s: float | None = 60.0,
         max_wait_s: float | None = None,
+        overlap: bool = True,
     ) -> None:
         if chunk_bytes < 8:
             raise ValueError(f"chunk_bytes must be at least 8, got {chunk_bytes}")
@@ -98,8 +109,12 @@ class TreeNode(Communicator):
         self._parent = parent
         self._children = list(children)
         self._chunk_bytes = int(chunk_bytes)
+        self._overlap = bool(overlap)  # writer threads: seal chunk k+1 while chunk k is sent
         self._io_timeout_s = io_timeout_s
         self._stats = CallStats()
+        self._add_s = 0.0
+        self._outputs = _OutputPool()
+        self._seal_bufs: dict[int, list[Any]] = {}
         self._scratch: dict[np.dtype, list[np.ndarray]] = {}
         self._busy = threading.Lock()
         self._broken: BaseException | None = None
@@ -148,6 +163,8 @@ class TreeNode(Communicator):
         max_wait_s: float | None = None,
         max_unauthenticated: int = 1024,
         max_unauthenticated_per_source: int = 64,
+        cipher: str = ciphers.DEFAULT_CIPHER,
+        overlap: bool = True,
     ) -> TreeNode:
         """Listen on ``host`` (ephemeral port), register shard ``shard``, link up with the tree.
 
@@ -182,6 +199,7 @@ class TreeNode(Communicator):
             buffer_bytes=socket_buffer_bytes,
             max_pending=max_unauthenticated,
             max_pending_per_source=max_unauthenticated_per_source,
+            cipher=cipher,
         ).start()
         try:
             if session is None:
@@ -194,6 +212,7 @@ class TreeNode(Communicator):
                     handshake_timeout_s=handshake_timeout_s,
                     io_timeout_s=io_timeout_s,
                     max_frame_bytes=max_frame_bytes,
+                    cipher=cipher,
                 )
             with session:
                 placement = session.register(
@@ -209,6 +228,7 @@ class TreeNode(Communicator):
                 io_timeout_s=io_timeout_s,
                 max_frame_bytes=max_frame_bytes,
                 buffer_bytes=socket_buffer_bytes,
+                cipher=cipher,
             )
         finally:
             acceptor.close()  # also closes the listener
@@ -228,6 +248,7 @@ class TreeNode(Communicator):
             io_timeout_s=io_timeout_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
             max_wait_s=max_wait_s,
+            overlap=overlap,
         )
 
     # -- Communicator ----------------------------------------------------------------------
@@ -273,6 +294,17 @@ class TreeNode(Communicator):
 
     def totals(self) -> dict[str, Any]:
         return dict(self._stats.totals)
+
+    def perf(self) -> dict[str, float]:
+        """Where this rank's collectives spent their time, summed over its links (see
+        :meth:`Channel.perf <allreduce.channel.Channel.perf>`), plus ``add_s``: the additions
+        of the reduce phase. Stages on different threads overlap, so they need not sum to the
+        wall time."""
+        out = {"add_s": self._add_s}
+        for chan in self._links():
+            for k, v in chan.perf().items():
+                out[k] = out.get(k, 0.0) + v
+        return out
 
     def close(self, error: BaseException | None = None) -> None:
         """Close every link; with ``error`` (and no abort sent yet) send ABORT first."""
@@ -336,51 +368,26 @@ class TreeNode(Communicator):
         per = max(1, self._chunk_bytes // item)
         bounds = [(lo, min(lo + per, n)) for lo in range(0, n, per)] or [(0, 0)]
         nchunks = len(bounds)
-        out = np.empty_like(flat)
+        out = self._outputs.take(flat.dtype, n)
         root = self._parent is None
         parent, children = self._parent, self._children
         up_type, down_type = _UP[item], _DOWN[item]
+        has_up = up or root
+        has_down = self.size > 1
+        # Pipelined (several chunks, both phases): each outgoing link gets a writer thread, so
+        # chunk k+1 is sealed (encrypted) while chunk k is on the wire; a chunk going up is
+        # built in one of two alternating target buffers, as a writer may still be sending
+        # the previous one from the other.
+        pipelined = has_up and has_down and nchunks > 1
         n_scratch = len(sources) if own else 0
+        n_targets = 2 if pipelined else 1
         scratch = (
-            self._buffers(flat.dtype, min(per, max(n, 1)), n_scratch + 1)
+            self._buffers(flat.dtype, min(per, max(n, 1)), n_scratch + n_targets)
             if n_scratch or not root
             else []
         )
+        targets = scratch[n_scratch : n_scratch + n_targets]
         first_ready = [0.0]
-
-        def up_chunk(i: int) -> None:
-            lo, hi = bounds[i]
-            m = hi - lo
-            target = out[lo:hi] if root else scratch[-1][:m]
-            if not sources:
-                if root:
-                    np.copyto(target, flat[lo:hi])
-                else:
-                    target = flat[lo:hi]  # a leaf sends its own chunk as is
-            elif not own:
-                sources[0].recv_data_into(up_type, _bytes(target))
-            else:
-                for j, chan in enumerate(sources):
-                    chan.recv_data_into(up_type, _bytes(scratch[j][:m]))
-                np.add(flat[lo:hi], scratch[0][:m], out=target)
-                for j in range(1, len(sources)):
-                    np.add(target, scratch[j][:m], out=target)
-            if root:
-                if i == 0:
-                    first_ready[0] = time.perf_counter()
-            else:
-                parent.send(up_type, _bytes(target))  # type: ignore[union-attr]
-
-        def down_chunk(i: int) -> None:
-            lo, hi = bounds[i]
-            view = _bytes(out[lo:hi])
-            if not root:
-                parent.recv_data_into(down_type, view)  # type: ignore[union-attr]
-                if i == 0:
-                    first_ready[0] = time.perf_counter()
-            for chan in children:
-                chan.send(down_type, view)
-
         failure: list[BaseException] = []
         fail_lock = threading.Lock()
 
@@ -392,9 +399,60 @@ class TreeNode(Communicator):
                 self._broken = exc
                 self._abort_links(exc)
 
-        has_up = up or root
-        has_down = self.size > 1
-        if has_up and has_down and nchunks > 1:
+        frame_bytes = min(per, max(n, 1)) * item
+        up_w = None
+        down_ws: list[_Writer] = []
+        if pipelined and self._overlap:
+            failed = failure.__len__
+            if not root:
+                up_w = _Writer(parent, self._seal_buffers(parent, frame_bytes), fail, failed)
+            down_ws = [
+                _Writer(c, self._seal_buffers(c, frame_bytes), fail, failed) for c in children
+            ]
+
+        def up_chunk(i: int) -> None:
+            lo, hi = bounds[i]
+            m = hi - lo
+            slot = up_w.slot() if up_w is not None else 0
+            target = out[lo:hi] if root else targets[slot][:m]
+            if not sources:
+                if root:
+                    np.copyto(target, flat[lo:hi])
+                else:
+                    target = flat[lo:hi]  # a leaf sends its own chunk as is
+            elif not own:
+                sources[0].recv_data_into(up_type, _bytes(target))
+            else:
+                for j, chan in enumerate(sources):
+                    chan.recv_data_into(up_type, _bytes(scratch[j][:m]))
+                t = time.perf_counter()
+                np.add(flat[lo:hi], scratch[0][:m], out=target)
+                for j in range(1, len(sources)):
+                    np.add(target, scratch[j][:m], out=target)
+                self._add_s += time.perf_counter() - t
+            if root:
+                if i == 0:
+                    first_ready[0] = time.perf_counter()
+            elif up_w is not None:
+                up_w.submit(slot, up_type, _bytes(target))
+            else:
+                parent.send(up_type, _bytes(target))  # type: ignore[union-attr]
+
+        def down_chunk(i: int) -> None:
+            lo, hi = bounds[i]
+            view = _bytes(out[lo:hi])
+            if not root:
+                parent.recv_data_into(down_type, view)  # type: ignore[union-attr]
+                if i == 0:
+                    first_ready[0] = time.perf_counter()
+            if down_ws:
+                for w in down_ws:
+                    w.submit(w.slot(), down_type, view)
+            else:
+                for chan in children:
+                    chan.send(down_type, view)
+
+        if pipelined:
             ready = threading.Semaphore(0)
 
             def downward() -> None:
@@ -407,6 +465,8 @@ class TreeNode(Communicator):
                         if failure:
                             return
                         down_chunk(i)
+                    for w in down_ws:
+                        w.finish()
                 except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
                     fail(exc)
 
@@ -419,6 +479,8 @@ class TreeNode(Communicator):
                     up_chunk(i)
                     if root:
                         ready.release()
+                if up_w is not None:
+                    up_w.finish()
             except BaseException as exc:  # noqa: BLE001
                 fail(exc)
             finally:
@@ -428,6 +490,8 @@ class TreeNode(Communicator):
                 # heartbeat_timeout_s (or after max_wait_s), and a failure shuts the links down,
                 # which wakes it at once.
                 helper.join()
+                for w in ([up_w] if up_w is not None else []) + down_ws:
+                    w.close()
         else:
             try:
                 if has_up:
@@ -446,6 +510,17 @@ class TreeNode(Communicator):
         self._stats.record(op, flat, nchunks, t1 - t0, first_ready[0] - t0)
         return out
 
+    def _seal_buffers(self, chan: Channel, frame_bytes: int) -> list[Any]:
+        """The link's reused ciphertext buffers (None where the cipher does not encrypt)."""
+        if not chan.encrypts:
+            return [None] * _Writer.DEPTH
+        need = frame_bytes + chan.tag_bytes
+        bufs = self._seal_bufs.get(id(chan))
+        if bufs is None or len(bufs[0]) < need:
+            bufs = [bytearray(need) for _ in range(_Writer.DEPTH)]
+            self._seal_bufs[id(chan)] = bufs
+        return bufs
+
     def _abort_links(self, exc: BaseException) -> None:
         """Tell every neighbour the collective is over (best effort), then break the links."""
         if isinstance(exc, PeerAborted):
@@ -456,6 +531,117 @@ class TreeNode(Communicator):
             chan.try_send_abort(origin, reason)
         for chan in self._links():
             chan.shutdown()
+
+
+class _Stopped(Exception):
+    """Another thread of the collective failed (its error is the one raised)."""
+
+
+class _Writer:
+    """Sends one link's sealed data frames from its own thread, in order.
+
+    The collective's thread seals chunk k+1 (:meth:`Channel.seal_data`, into one of
+    ``DEPTH`` reused buffers) while this thread has chunk k on the wire. A send error is
+    handed to ``fail`` (which aborts the collective); a waiting caller stops when ``failed()``.
+    """
+
+    DEPTH = 2
+    ABORT_GRACE_S = 0.25
+
+    def __init__(
+        self,
+        chan: Channel,
+        buffers: list[Any],
+        fail: Callable[[BaseException], None],
+        failed: Callable[[], int],
+    ) -> None:
+        self._chan = chan
+        self._bufs = buffers
+        self._fail, self._failed = fail, failed
+        self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in range(self.DEPTH):
+            self._free.put(i)
+        self._todo: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"send-{chan.who}", daemon=True)
+        self._thread.start()
+
+    def slot(self) -> int:
+        """A buffer slot whose previous frame has been sent (waits for one)."""
+        while True:
+            try:
+                return self._free.get(timeout=0.05)
+            except queue.Empty:
+                if self._failed():
+                    raise _Stopped() from None
+
+    def submit(self, slot: int, msg_type: MsgType, view: memoryview) -> None:
+        self._todo.put((slot, self._chan.seal_data(msg_type, view, self._bufs[slot])))
+
+    def finish(self) -> None:
+        """Wait until every submitted frame is sent."""
+        self._todo.put(None)
+        self._thread.join()
+        if self._failed():
+            raise _Stopped()
+
+    def close(self) -> None:
+        self._todo.put(None)
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while True:
+            item = self._todo.get()
+            if item is None:
+                return
+            slot, frame = item
+            try:
+                self._chan.send_sealed(frame)
+            except BaseException as exc:  # noqa: BLE001 - handed to the collective
+                if isinstance(exc, PeerLost):
+                    # a peer that closed the link may have sent an ABORT saying why: give the
+                    # thread reading this link a moment to report it first
+                    deadline = time.monotonic() + self.ABORT_GRACE_S
+                    while not self._failed() and time.monotonic() < deadline:
+                        time.sleep(0.005)
+                self._fail(exc)
+                return
+            self._free.put(slot)
+
+
+class _OutputPool:
+    """Result arrays whose memory is reused once the caller has dropped them.
+
+    A collective returns a new array the caller owns. Allocating a fresh multi-megabyte array
+    per call costs the kernel's page faults (and, with transparent huge pages, compaction) on
+    first touch, which was a large share of an AllReduce's time; so a large result is a fresh
+    array over a pooled block of memory, and the block goes back to the pool (at most ``keep``
+    per size) when that array and every view of it are gone (``weakref.finalize`` on the
+    array: numpy views keep it alive as their base).
+    """
+
+    MIN_BYTES = 1 << 20
+
+    def __init__(self, keep: int = 2) -> None:
+        self._free: dict[int, list[bytearray]] = {}
+        self._keep = keep
+
+    def take(self, dtype: np.dtype, n: int) -> np.ndarray:
+        nbytes = n * dtype.itemsize
+        if nbytes < self.MIN_BYTES:
+            return np.empty(n, dtype=dtype)
+        free = self._free.get(nbytes)
+        try:
+            mem = free.pop() if free else bytearray(nbytes)
+        except IndexError:  # emptied by another thread meanwhile
+            mem = bytearray(nbytes)
+        arr = np.frombuffer(mem, dtype=dtype)
+        weakref.finalize(arr, self._give_back, nbytes, mem)
+        return arr
+
+    def _give_back(self, nbytes: int, mem: bytearray) -> None:
+        free = self._free.setdefault(nbytes, [])
+        if len(free) < self._keep:
+            free.append(mem)
 
 
 class _Children:
@@ -533,6 +719,7 @@ def _link(
     io_timeout_s: float,
     max_frame_bytes: int,
     buffer_bytes: int | None,
+    cipher: str,
 ) -> tuple[Channel | None, list[Channel]]:
     """Connect to the parent and collect the children, each link authenticated."""
     me = placement.rank
@@ -554,6 +741,7 @@ def _link(
                 io_timeout_s=io_timeout_s,
                 max_frame_bytes=max_frame_bytes,
                 buffer_bytes=buffer_bytes,
+                cipher=cipher,
             )
             if reply.get("rank") != p.rank:
                 raise ProtocolError(

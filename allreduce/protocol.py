@@ -4,17 +4,19 @@ A frame is::
 
     header (18 bytes, network byte order, struct "!4sBBQI")
         magic        4 bytes   b"TSAR"
-        version      u8        1
+        version      u8        2
         type         u8        a :class:`MsgType`
         seq          u64       per direction of a connection: 0 for HELLO, then 1, 2, ...
         length       u32       payload bytes
-    payload          ``length`` bytes
-    tag              32 bytes  HMAC-SHA256(key, header || payload)
+    payload          ``length`` bytes (ciphertext with ``aes-gcm``)
+    tag              32 bytes HMAC-SHA256 (HELLO frames, ``hmac-sha256``) or 16 bytes AES-GCM
 
-The key is the 32-byte secret of the attempt (:func:`new_key`) for the two HELLO frames of a
-handshake, then a per-connection, per-direction session key derived from it and from both
-sides' nonces (:func:`derive_session_keys`), so a frame recorded on one connection, or sent in
-one direction, is not valid on another.
+The two HELLO frames of a handshake are HMAC-SHA256 tagged with the 32-byte secret of the
+attempt (:func:`new_key`) and carry the cipher the side uses (``allreduce.cipher``, see
+:mod:`allreduce.ciphers`); every later frame is protected by that cipher under a
+per-connection, per-direction session key derived from the secret, both sides' nonces and both
+HELLOs (:func:`derive_session_keys`), so a frame recorded on one connection, or sent in one
+direction, is not valid on another. Version 1 peers (HMAC-only frames) are refused.
 
 A HEARTBEAT (tree neighbours, see :mod:`allreduce.node`) has no payload: a header and a tag,
 authenticated and sequenced like every frame, so it cannot be forged or replayed.
@@ -32,7 +34,6 @@ failures to :class:`~allreduce.errors.PeerLost` / :class:`~allreduce.errors.Peer
 from __future__ import annotations
 
 import enum
-import hashlib
 import hmac
 import json
 import secrets
@@ -43,10 +44,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import ciphers
 from .errors import AuthError, PeerLost, PeerTimeout, ProtocolError
 
 MAGIC = b"TSAR"
-VERSION = 1
+VERSION = 2
 HEADER = struct.Struct("!4sBBQI")
 HEADER_BYTES = HEADER.size  # 18
 TAG_BYTES = 32
@@ -56,7 +58,6 @@ MAX_SEQ = (1 << 64) - 1
 MAX_LENGTH = (1 << 32) - 1
 CONTROL_MAX_BYTES = 64 * 1024
 HELLO_MAX_BYTES = 4096  # a HELLO is a few hundred bytes; an unauthenticated peer gets no more
-HEARTBEAT_FRAME_BYTES = HEADER_BYTES + TAG_BYTES  # a heartbeat has no payload
 DEFAULT_MAX_FRAME_BYTES = 1 << 28
 
 
@@ -131,22 +132,25 @@ def check_key(key: object) -> bytes:
 
 
 def derive_session_keys(
-    key: bytes, client_nonce: bytes, server_nonce: bytes
+    key: bytes,
+    client_nonce: bytes,
+    server_nonce: bytes,
+    cipher: str = ciphers.DEFAULT_CIPHER,
+    transcript: bytes = b"",
 ) -> tuple[bytes, bytes]:
-    """Per-connection keys ``(client_to_server, server_to_client)`` bound to both nonces."""
-    transcript = b"terascale-allreduce/v1" + client_nonce + server_nonce
-    c2s = hmac.new(key, b"c2s:" + transcript, hashlib.sha256).digest()
-    s2c = hmac.new(key, b"s2c:" + transcript, hashlib.sha256).digest()
-    return c2s, s2c
+    """Per-connection keys ``(client_to_server, server_to_client)`` (HKDF-SHA256) bound to both
+    nonces, the cipher and the handshake ``transcript`` (:func:`allreduce.ciphers.session_keys`)."""
+    return ciphers.session_keys(key, client_nonce, server_nonce, cipher, transcript)
 
 
 class Mac:
-    """HMAC-SHA256 with a fixed key, keyed once and copied per frame (cheap)."""
+    """HMAC-SHA256 with a fixed key, keyed once and copied per frame (cheap): HELLO frames."""
 
-    __slots__ = ("_base",)
+    __slots__ = ("_base", "cipher")
 
     def __init__(self, key: bytes) -> None:
         self._base = hmac.new(key, digestmod="sha256")
+        self.cipher = ciphers.HmacCipher(key)
 
     def start(self):
         """A fresh HMAC object to feed header and payload into, piece by piece."""
@@ -200,11 +204,25 @@ def parse_header(buf: Any, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) ->
     return Header(msg_type, seq, length)
 
 
-def encode_frame(key: bytes, msg_type: int, seq: int, payload: Any = b"") -> bytes:
-    """One complete frame as bytes (for control messages and tests; data uses send_buffers)."""
+def encode_frame(
+    key: bytes,
+    msg_type: int,
+    seq: int,
+    payload: Any = b"",
+    *,
+    cipher: str = "hmac-sha256",
+    direction: str = "c2s",
+) -> bytes:
+    """One complete frame as bytes (for HELLOs and tests; a channel seals in place).
+
+    HELLO frames are always ``hmac-sha256`` under the attempt key.
+    """
     payload = memoryview(payload).cast("B")
     header = pack_header(msg_type, seq, len(payload))
-    return b"".join((header, payload, Mac(key).tag(header, payload)))
+    fc = ciphers.frame_cipher(cipher, key, direction)
+    if fc.encrypts:
+        return header + bytes(fc.seal(header, payload))
+    return b"".join((header, payload, fc.seal(header, payload)))
 
 
 def verify_tag(expected: bytes, received: Any, what: str) -> None:
@@ -226,25 +244,40 @@ def decode_frame(
     *,
     expected_seq: int,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    cipher: str = "hmac-sha256",
+    direction: str = "c2s",
 ) -> Frame:
     """Decode and authenticate exactly one frame; only ProtocolError (or AuthError) escapes.
 
     The payload is returned only after its tag has been verified, and the sequence number is
     checked against ``expected_seq``.
     """
+    fc = ciphers.frame_cipher(cipher, key, direction)
     data = memoryview(data).cast("B")
-    if len(data) < HEADER_BYTES + TAG_BYTES:
+    if len(data) < HEADER_BYTES + fc.tag_bytes:
         raise ProtocolError(f"truncated frame: {len(data)} bytes")
-    header_bytes = data[:HEADER_BYTES]
+    header_bytes = bytes(data[:HEADER_BYTES])
     header = parse_header(header_bytes, max_frame_bytes=max_frame_bytes)
-    total = HEADER_BYTES + header.length + TAG_BYTES
+    total = HEADER_BYTES + header.length + fc.tag_bytes
     if len(data) != total:
         kind = "truncated" if len(data) < total else "oversized"
         raise ProtocolError(f"{kind} frame: {len(data)} bytes, header says {total}")
-    payload = data[HEADER_BYTES : HEADER_BYTES + header.length]
-    verify_tag(Mac(key).tag(header_bytes, payload), data[HEADER_BYTES + header.length :], "frame")
+    payload = bytearray(header.length)
+    open_payload(fc, header_bytes, data[HEADER_BYTES:], payload, "frame")
     check_seq(header.seq, expected_seq, "peer")
     return Frame(header.msg_type, header.seq, bytes(payload))
+
+
+def open_payload(
+    fc: ciphers.FrameCipher, header_bytes: bytes, rest: Any, out: Any, what: str
+) -> None:
+    """Authenticate ``rest`` (the received ``payload || tag``) and leave the payload in ``out``."""
+    n = len(out)
+    if fc.encrypts:
+        fc.open_into(header_bytes, rest, out, what)
+    else:
+        memoryview(out).cast("B")[:] = rest[:n]
+        fc.open_into(header_bytes, rest[n:], out, what)
 
 
 def encode_json(obj: dict[str, Any]) -> bytes:
@@ -353,7 +386,7 @@ def send_buffers(
 
 def read_frame(
     sock: socket.socket,
-    mac: Mac,
+    mac: Mac | ciphers.FrameCipher,
     *,
     expected_seq: int,
     rank: int | None,
@@ -376,12 +409,12 @@ def read_frame(
         )
     if allowed is not None:
         allowed(header)
-    rest = bytearray(header.length + TAG_BYTES)
+    tag_bytes = TAG_BYTES if isinstance(mac, Mac) else mac.tag_bytes
+    rest = bytearray(header.length + tag_bytes)
     rest_view = memoryview(rest)
     recv_exact(sock, rest_view, rank=rank, peer=peer, deadline=deadline)
-    payload = rest_view[: header.length]
-    verify_tag(
-        mac.tag(bytes(header_buf), payload), rest_view[header.length :], f"a frame from {who}"
-    )
+    fc = mac.cipher if isinstance(mac, Mac) else mac
+    payload = bytearray(header.length)
+    open_payload(fc, bytes(header_buf), rest_view, payload, f"a frame from {who}")
     check_seq(header.seq, expected_seq, who)
     return Frame(header.msg_type, header.seq, bytes(payload))

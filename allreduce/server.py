@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from . import ciphers
 from . import protocol as proto
 from .acceptor import Acceptor
 from .channel import Channel, open_listener
@@ -96,6 +97,7 @@ class TreeServer:
         spare_after: int | None = None,
         max_unauthenticated: int = 1024,
         max_unauthenticated_per_source: int = 64,
+        cipher: str = ciphers.DEFAULT_CIPHER,
     ) -> None:
         if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
             raise ValueError(f"num_shards must be a positive integer, got {num_shards!r}")
@@ -108,6 +110,7 @@ class TreeServer:
         self._io_timeout_s = io_timeout_s
         self._startup_timeout_s = startup_timeout_s
         self._max_frame_bytes = max_frame_bytes
+        self._cipher = ciphers.check_cipher(cipher)
         self._max_pending = max_unauthenticated
         self._max_pending_per_source = max_unauthenticated_per_source
         self._cond = threading.Condition()
@@ -149,6 +152,7 @@ class TreeServer:
             max_frame_bytes=self._max_frame_bytes,
             max_pending=self._max_pending,
             max_pending_per_source=self._max_pending_per_source,
+            cipher=self._cipher,
         ).start()
         self._watchdog = threading.Thread(
             target=self._watch, name="tree-server-watchdog", daemon=True

@@ -87,13 +87,15 @@ class NetConf:
     max_wait_s: float = 86400.0
     max_unauthenticated: int = 1024  # listeners' bounds on connections not yet authenticated
     max_unauthenticated_per_source: int = 64
+    cipher: str = "aes-gcm"  # frame protection after the handshake (allreduce.ciphers)
 
     @classmethod
     def from_conf(cls, c) -> NetConf:
         return cls(c.chunk_bytes, c.connect_timeout_s, c.handshake_timeout_s, c.io_timeout_s,
                    c.startup_timeout_s, c.max_frame_bytes, heartbeat_timeout_s=c.heartbeat_timeout_s,
                    max_wait_s=c.max_wait_s, max_unauthenticated=c.max_unauthenticated,
-                   max_unauthenticated_per_source=c.max_unauthenticated_per_source)
+                   max_unauthenticated_per_source=c.max_unauthenticated_per_source,
+                   cipher=c.cipher)
 
 
 @dataclass
@@ -119,7 +121,7 @@ class BarrierTask:
             self._session = ServerSession.connect(
                 self._server, self._key, shard=self.shard, attempt_id=self.attempt_id,
                 connect_timeout_s=n.connect_timeout_s, handshake_timeout_s=n.handshake_timeout_s,
-                io_timeout_s=n.io_timeout_s, max_frame_bytes=n.max_frame_bytes,
+                io_timeout_s=n.io_timeout_s, max_frame_bytes=n.max_frame_bytes, cipher=n.cipher,
             )
         return self._session
 
@@ -147,7 +149,7 @@ class BarrierTask:
             startup_timeout_s=n.startup_timeout_s, max_frame_bytes=n.max_frame_bytes, session=session,
             heartbeat_timeout_s=n.heartbeat_timeout_s, max_wait_s=n.max_wait_s,
             max_unauthenticated=n.max_unauthenticated,
-            max_unauthenticated_per_source=n.max_unauthenticated_per_source,
+            max_unauthenticated_per_source=n.max_unauthenticated_per_source, cipher=n.cipher,
         )
 
     def close(self) -> None:
@@ -228,6 +230,7 @@ def _run_task(p: int, k: int, attempt: int, server: tuple[str, int], key: bytes,
         with_spare = SpareSession.connect(
             server, key, spare=i, connect_timeout_s=net.connect_timeout_s,
             handshake_timeout_s=net.handshake_timeout_s, io_timeout_s=net.io_timeout_s,
+            cipher=net.cipher,
         )
         shard = with_spare.wait_assignment(poll_s=net.spare_poll_s, timeout_s=net.startup_timeout_s)
         if shard is None:
@@ -275,7 +278,8 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
         with TreeServer(num_shards, key, host=host, handshake_timeout_s=net.handshake_timeout_s,
                         io_timeout_s=net.io_timeout_s, startup_timeout_s=net.startup_timeout_s,
                         max_frame_bytes=net.max_frame_bytes, max_unauthenticated=net.max_unauthenticated,
-                        max_unauthenticated_per_source=net.max_unauthenticated_per_source) as server:
+                        max_unauthenticated_per_source=net.max_unauthenticated_per_source,
+                        cipher=net.cipher) as server:
             address = server.address
             if on_attempt is not None:
                 on_attempt(server, attempt)

@@ -293,6 +293,10 @@ class AllreduceConf:
     max_unauthenticated_per_source: int = param(64, "the same bound per source address", Interval(1, 1 << 20, integer=True))
     startup_timeout_s: float = param(600.0, "every shard must have a survivor within this time", Interval(0, 86400, lo_open=True))
     max_frame_bytes: int = param(1 << 28, "largest frame accepted (checked before allocating)", Interval(64, 1 << 31, integer=True))
+    cipher: str = param("aes-gcm", "protection of every frame after the handshake: aes-gcm = AES-256-GCM, payload "
+                        "encrypted and authenticated (gradients can reveal training data); aes-gmac = authenticated "
+                        "only, payload in clear; hmac-sha256 = authenticated only, no extra library, slowest. "
+                        "The driver and every rank use this one", OneOf(("aes-gcm", "aes-gmac", "hmac-sha256")))
 
 
 @dataclass(frozen=True)

@@ -43,11 +43,16 @@ def run_tree(
     during: Callable[[TreeServer], None] | None = None,
     timeout: float = 30.0,
     check: bool = True,
+    cipher: str | None = None,
 ) -> TreeRun:
-    """Start a server and ``n`` worker threads; each joins the tree and runs ``body(node)``."""
+    """Start a server and ``n`` worker threads; each joins the tree and runs ``body(node)``.
+
+    ``cipher`` (``allreduce.cipher``) is used by the server and every node; None = the default.
+    """
     key = key or new_key()
-    skw = {**FAST, **(server_kwargs or {})}
-    nkw = {**NODE_DEFAULTS, **(node_kwargs or {})}
+    chosen = {} if cipher is None else {"cipher": cipher}
+    skw = {**FAST, **chosen, **(server_kwargs or {})}
+    nkw = {**NODE_DEFAULTS, **chosen, **(node_kwargs or {})}
     with TreeServer(n, key, **skw) as server:
         run = TreeRun(n, server)
 

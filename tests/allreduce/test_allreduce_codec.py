@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from allreduce import ciphers
 from allreduce import protocol as proto
 from allreduce.channel import Channel, client_handshake, server_handshake
 from allreduce.errors import (
@@ -67,7 +68,7 @@ def test_frame_round_trip(msg_type, seq, payload):
 
 def test_header_is_network_byte_order():
     header = proto.pack_header(MsgType.UP_F32, 0x0102030405060708, 0x0A0B0C0D)
-    assert header == b"TSAR" + bytes([1, 16]) + bytes(range(1, 9)) + bytes([0x0A, 0x0B, 0x0C, 0x0D])
+    assert header == b"TSAR" + bytes([2, 16]) + bytes(range(1, 9)) + bytes([0x0A, 0x0B, 0x0C, 0x0D])
 
 
 @pytest.mark.parametrize(
@@ -185,20 +186,34 @@ def test_session_keys_depend_on_both_nonces_and_direction():
 # Channels over real sockets
 
 
-def _channel_pair(io_timeout_s=2.0):
-    """``ca`` is rank 0's link to rank 1, ``cb`` rank 1's link to rank 0 (errors name the peer)."""
+CIPHERS = list(ciphers.CIPHERS)
+
+
+def _channel_pair(io_timeout_s=2.0, cipher=ciphers.DEFAULT_CIPHER):
+    """``ca`` is rank 0's link to rank 1, ``cb`` rank 1's link to rank 0 (errors name the peer).
+
+    ``ca`` sends client-to-server (key ``A``), ``cb`` server-to-client (key ``B``).
+    """
     a, b = socket.socketpair()
     ca = Channel(
-        a, rank=1, peer=None, send_key=b"A" * 32, recv_key=b"B" * 32, io_timeout_s=io_timeout_s
+        a, rank=1, peer=None, send_key=b"A" * 32, recv_key=b"B" * 32, io_timeout_s=io_timeout_s,
+        cipher=cipher, send_direction="c2s",
     )
     cb = Channel(
-        b, rank=0, peer=None, send_key=b"B" * 32, recv_key=b"A" * 32, io_timeout_s=io_timeout_s
+        b, rank=0, peer=None, send_key=b"B" * 32, recv_key=b"A" * 32, io_timeout_s=io_timeout_s,
+        cipher=cipher, send_direction="s2c",
     )
     return ca, cb
 
 
-def test_channel_data_round_trip_into_preallocated_buffer():
-    ca, cb = _channel_pair()
+def _as_ca(msg_type, seq, payload=b"", cipher=ciphers.DEFAULT_CIPHER, key=b"A" * 32):
+    """A frame as ``ca`` of :func:`_channel_pair` would send it (or, with another key, forged)."""
+    return proto.encode_frame(key, msg_type, seq, payload, cipher=cipher, direction="c2s")
+
+
+@pytest.mark.parametrize("cipher", CIPHERS)
+def test_channel_data_round_trip_into_preallocated_buffer(cipher):
+    ca, cb = _channel_pair(cipher=cipher)
     x = np.arange(1000, dtype="<f8")
     out = np.empty_like(x)
     ca.send(MsgType.UP_F64, memoryview(x).cast("B"))
@@ -210,8 +225,9 @@ def test_channel_data_round_trip_into_preallocated_buffer():
     cb.close()
 
 
-def test_forged_hmac_rejected_before_payload_is_parsed(monkeypatch):
-    ca, cb = _channel_pair()
+@pytest.mark.parametrize("cipher", CIPHERS)
+def test_forged_hmac_rejected_before_payload_is_parsed(monkeypatch, cipher):
+    ca, cb = _channel_pair(cipher=cipher)
     parsed = []
     real_loads = json.loads
     monkeypatch.setattr(proto.json, "loads", lambda s: parsed.append(s) or real_loads(s))
@@ -225,11 +241,11 @@ def test_forged_hmac_rejected_before_payload_is_parsed(monkeypatch):
     cb.close()
 
 
-def test_forged_data_frame_raises_auth_error():
-    ca, cb = _channel_pair()
+@pytest.mark.parametrize("cipher", CIPHERS)
+def test_forged_data_frame_raises_auth_error(cipher):
+    ca, cb = _channel_pair(cipher=cipher)
     payload = np.ones(8, dtype="<f4").tobytes()
-    header = proto.pack_header(MsgType.UP_F32, 1, len(payload))
-    ca.sock.sendall(header + payload + proto.Mac(b"X" * 32).tag(header, payload))
+    ca.sock.sendall(_as_ca(MsgType.UP_F32, 1, payload, cipher, key=b"X" * 32))
     with pytest.raises(AuthError):
         cb.recv_data_into(MsgType.UP_F32, memoryview(bytearray(len(payload))))
     ca.close()
@@ -254,8 +270,9 @@ def test_channel_rejects_huge_declared_length_without_allocating():
     cb.close()
 
 
-def test_channel_rejects_replayed_frame():
-    ca, cb = _channel_pair()
+@pytest.mark.parametrize("cipher", CIPHERS)
+def test_channel_rejects_replayed_frame(cipher):
+    ca, cb = _channel_pair(cipher=cipher)
     sent = []
     real = ca.sock.sendmsg
     ca.sock = _Recorder(ca.sock, sent)
@@ -283,9 +300,12 @@ class _Recorder:
         return getattr(self._sock, name)
 
 
-@pytest.mark.parametrize("taken_by", ["reader", "poll_heartbeats"])
-def test_heartbeats_are_skipped_and_a_replayed_or_forged_one_is_rejected(taken_by):
-    ca, cb = _channel_pair()
+@pytest.mark.parametrize("taken_by,cipher", [
+    ("reader", "aes-gcm"), ("poll_heartbeats", "aes-gcm"), ("reader", "aes-gmac"),
+    ("poll_heartbeats", "hmac-sha256"),
+])
+def test_heartbeats_are_skipped_and_a_replayed_or_forged_one_is_rejected(taken_by, cipher):
+    ca, cb = _channel_pair(cipher=cipher)
     ca.enable_liveness(1.0)
     cb.enable_liveness(1.0)
     real = ca.sock
@@ -298,17 +318,16 @@ def test_heartbeats_are_skipped_and_a_replayed_or_forged_one_is_rejected(taken_b
     cb.recv_data_into(MsgType.UP_F32, memoryview(out))
     assert bytes(out) == b"\x01" * 8
     # a replayed heartbeat (sequence number 1 again) and a forged one are both refused
-    replay = proto.pack_header(MsgType.HEARTBEAT, 1, 0)
-    real.sendall(replay + proto.Mac(b"A" * 32).tag(replay))
+    real.sendall(_as_ca(MsgType.HEARTBEAT, 1, b"", cipher))
     if taken_by == "poll_heartbeats":
         time.sleep(0.05)
         cb.poll_heartbeats()  # keeps the error for the next receive
     with pytest.raises(ProtocolError, match="replayed"):
         cb.recv_data_into(MsgType.UP_F32, memoryview(out))
-    ca2, cb2 = _channel_pair()
+    ca2, cb2 = _channel_pair(cipher=cipher)
     cb2.enable_liveness(1.0)
     forged = proto.pack_header(MsgType.HEARTBEAT, 1, 0)
-    ca2.sock.sendall(forged + b"\x00" * 32)
+    ca2.sock.sendall(forged + b"\x00" * ca2._tag_bytes)
     with pytest.raises(AuthError):
         cb2.recv_data_into(MsgType.UP_F32, memoryview(out))
     for c in (ca, cb, ca2, cb2):
@@ -328,8 +347,9 @@ def test_wrong_length_or_type_is_protocol_error_naming_the_rank():
         c.close()
 
 
-def test_abort_frame_raises_peer_aborted_with_origin():
-    ca, cb = _channel_pair()
+@pytest.mark.parametrize("cipher", CIPHERS)
+def test_abort_frame_raises_peer_aborted_with_origin(cipher):
+    ca, cb = _channel_pair(cipher=cipher)
     assert ca.try_send_abort(7, "rank 7: disk full")
     with pytest.raises(PeerAborted) as info:
         cb.recv_data_into(MsgType.DOWN_F32, memoryview(bytearray(16)))
@@ -451,14 +471,14 @@ def test_handshake_binds_session_keys_and_rejects_wrong_key():
 
 SEND_KEY = b"A" * 32  # the fuzzed writer's key = the reading channel's receive key
 READ_BOUND_S = 2.0  # per input; the readers' own timeouts are 5-10 ms
-_FRAMES = {
-    "heartbeat": lambda seq: proto.encode_frame(SEND_KEY, MsgType.HEARTBEAT, seq, b""),
-    "data": lambda seq: proto.encode_frame(SEND_KEY, MsgType.UP_F32, seq, bytes(range(64))),
-    "progress": lambda seq: proto.encode_frame(
-        SEND_KEY, MsgType.PROGRESS, seq, proto.encode_json({"rows_done": seq})
+_FRAMES = {  # as the default cipher (aes-gcm) seals them, client to server
+    "heartbeat": lambda seq: _as_ca(MsgType.HEARTBEAT, seq, b"", key=SEND_KEY),
+    "data": lambda seq: _as_ca(MsgType.UP_F32, seq, bytes(range(64)), key=SEND_KEY),
+    "progress": lambda seq: _as_ca(
+        MsgType.PROGRESS, seq, proto.encode_json({"rows_done": seq}), key=SEND_KEY
     ),
-    "abort": lambda seq: proto.encode_frame(
-        SEND_KEY, MsgType.ABORT, seq, proto.encode_json({"origin": 3, "reason": "fuzz"})
+    "abort": lambda seq: _as_ca(
+        MsgType.ABORT, seq, proto.encode_json({"origin": 3, "reason": "fuzz"}), key=SEND_KEY
     ),
 }
 
@@ -501,7 +521,10 @@ def _streams(draw):
 def test_socket_readers_end_with_the_protocol_error_in_bounded_time(stream, reader, live):
     data, close = stream
     a, b = socket.socketpair()
-    chan = Channel(b, rank=5, peer=None, send_key=b"B" * 32, recv_key=SEND_KEY, io_timeout_s=0.005)
+    chan = Channel(
+        b, rank=5, peer=None, send_key=b"B" * 32, recv_key=SEND_KEY, io_timeout_s=0.005,
+        send_direction="s2c",
+    )
     if live:
         chan.enable_liveness(0.005, max_wait_s=0.01)
     try:
@@ -534,7 +557,8 @@ def test_socket_readers_end_with_the_protocol_error_in_bounded_time(stream, read
 
 
 def _hello_frames(key: bytes, role: str = "child") -> bytes:
-    hello = {"proto": "terascale-allreduce/1", "role": role, "rank": 1, "nonce": "ab" * 16}
+    hello = {"proto": "terascale-allreduce/2", "role": role, "rank": 1, "nonce": "ab" * 16,
+             "cipher": "aes-gcm"}
     return proto.encode_frame(key, MsgType.HELLO, 0, proto.encode_json(hello))
 
 

@@ -38,7 +38,8 @@ def _wait_until(predicate, timeout=5.0):
         time.sleep(0.01)
 
 
-def test_peer_closing_mid_frame_raises_peer_lost_within_one_second():
+@pytest.mark.parametrize("cipher", ["aes-gcm", "aes-gmac", "hmac-sha256"])
+def test_peer_closing_mid_frame_raises_peer_lost_within_one_second(cipher):
     times = {}
 
     def body(node):
@@ -54,14 +55,15 @@ def test_peer_closing_mid_frame_raises_peer_lost_within_one_second():
         finally:
             times[node.rank] = time.monotonic() - t0
 
-    run = run_tree(2, body, check=False)
+    run = run_tree(2, body, check=False, cipher=cipher)
     err = run.errors[0]
     assert isinstance(err, PeerLost) and not isinstance(err, PeerAborted), repr(err)
     assert err.rank == 1 and "rank 1" in str(err)
     assert times[0] < 1.0  # io_timeout_s is 10 s: this is EOF detection, not a timeout
 
 
-def test_live_but_stuck_peer_raises_peer_timeout_naming_it_after_max_wait():
+@pytest.mark.parametrize("cipher", ["aes-gcm", "hmac-sha256"])
+def test_live_but_stuck_peer_raises_peer_timeout_naming_it_after_max_wait(cipher):
     """A rank whose heartbeats arrive but whose data never does is given up on after
     max_wait_s (not after heartbeat_timeout_s: it is alive), naming it."""
     max_wait = 0.8
@@ -81,7 +83,7 @@ def test_live_but_stuck_peer_raises_peer_timeout_naming_it_after_max_wait():
                 released.set()
 
     kwargs = {"heartbeat_timeout_s": 0.3, "max_wait_s": max_wait}
-    run = run_tree(3, body, node_kwargs=kwargs, check=False)
+    run = run_tree(3, body, node_kwargs=kwargs, check=False, cipher=cipher)
     root_err = run.errors[0]
     assert isinstance(root_err, PeerTimeout) and root_err.rank == 2, repr(root_err)
     assert "rank 2" in str(root_err) and "alive" in str(root_err) and "max_wait_s" in str(root_err)
@@ -93,7 +95,8 @@ def test_live_but_stuck_peer_raises_peer_timeout_naming_it_after_max_wait():
         assert run.errors[1].rank == 0 and "rank 2" in str(run.errors[1])
 
 
-def test_exception_in_one_rank_aborts_the_others_promptly():
+@pytest.mark.parametrize("cipher", ["aes-gcm", "aes-gmac", "hmac-sha256"])
+def test_exception_in_one_rank_aborts_the_others_promptly(cipher):
     times = {}
 
     def body(node):
@@ -105,7 +108,7 @@ def test_exception_in_one_rank_aborts_the_others_promptly():
         finally:
             times[node.rank] = time.monotonic() - t0
 
-    run = run_tree(5, body, node_kwargs={"io_timeout_s": 10.0}, check=False)
+    run = run_tree(5, body, node_kwargs={"io_timeout_s": 10.0}, check=False, cipher=cipher)
     assert isinstance(run.errors[3], ValueError)
     for r in (0, 1, 2, 4):
         assert isinstance(run.errors[r], PeerLost), (r, repr(run.errors[r]))
@@ -299,7 +302,8 @@ def _junk(address, kind: str, closed_by_server: list) -> None:
         closed_by_server.append(True)  # reset by the server: closed as well
 
 
-def test_junk_connections_do_not_disturb_a_real_job(key, caplog):
+@pytest.mark.parametrize("cipher", ["aes-gcm", "aes-gmac"])
+def test_junk_connections_do_not_disturb_a_real_job(key, caplog, cipher):
     caplog.set_level(logging.DEBUG, logger="allreduce")
     n = 3 * (CHUNK_BYTES // 4) + 7
     kinds = ["silent", "random", "http", "wrong-key"] * 24 + ["huge"] * 4
@@ -318,7 +322,9 @@ def test_junk_connections_do_not_disturb_a_real_job(key, caplog):
     def body(node):
         return node.allreduce(np.random.default_rng(node.rank).standard_normal(n))
 
-    run = run_tree(4, body, key=key, server_kwargs={"handshake_timeout_s": 0.5}, during=during)
+    run = run_tree(
+        4, body, key=key, server_kwargs={"handshake_timeout_s": 0.5}, during=during, cipher=cipher
+    )
     expected = tree_order_sum([np.random.default_rng(r).standard_normal(n) for r in range(4)])
     for r in range(4):
         assert run.results[r].tobytes() == expected.tobytes()

@@ -51,12 +51,15 @@ def _collectives(delayed: int | None, waits: dict):
     return body
 
 
-@pytest.mark.parametrize("delayed", [1, 4])  # an interior rank (children 3, 4) and a leaf
-def test_rank_far_behind_in_a_late_collective_is_waited_for_with_the_same_result(delayed):
+# an interior rank (children 3, 4) and a leaf; heartbeats sealed by each cipher
+@pytest.mark.parametrize(
+    "delayed,cipher", [(1, "aes-gcm"), (4, "aes-gcm"), (4, "aes-gmac"), (1, "hmac-sha256")]
+)
+def test_rank_far_behind_in_a_late_collective_is_waited_for_with_the_same_result(delayed, cipher):
     k = 5
     waits: dict = {}
-    slow = run_tree(k, _collectives(delayed, waits), node_kwargs=LIVE)
-    fast = run_tree(k, _collectives(None, {}), node_kwargs=LIVE)
+    slow = run_tree(k, _collectives(delayed, waits), node_kwargs=LIVE, cipher=cipher)
+    fast = run_tree(k, _collectives(None, {}), node_kwargs=LIVE, cipher=cipher)
     for step in range(4):
         expected = tree_order_sum([_data(r, step) for r in range(k)])
         for r in range(k):

@@ -31,8 +31,13 @@ def _random(shard: int, n: int, dtype) -> np.ndarray:
     return (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, size=n)).astype(dtype)
 
 
-@pytest.mark.parametrize("n_ranks", [1, 2, 3, 5, 8, 16])
-def test_allreduce_every_size_class(n_ranks):
+# every rank count with the default cipher (aes-gcm), a representative few with the others
+@pytest.mark.parametrize(
+    "n_ranks,cipher",
+    [(n, "aes-gcm") for n in (1, 2, 3, 5, 8, 16)]
+    + [(2, "aes-gmac"), (16, "aes-gmac"), (5, "hmac-sha256"), (16, "hmac-sha256")],
+)
+def test_allreduce_every_size_class(n_ranks, cipher):
     """Integer-valued data: exact equality with numpy's sum. Random data: bit-equality with a
     reference summing in tree order. Every rank gets identical bytes."""
 
@@ -44,7 +49,7 @@ def test_allreduce_every_size_class(n_ranks):
                 out.append(("rnd", dtype, n, node.allreduce(_random(node.rank, n, dtype))))
         return out
 
-    run = run_tree(n_ranks, body)
+    run = run_tree(n_ranks, body, cipher=cipher)
     for i, (kind, dtype, n, got0) in enumerate(run.results[0]):
         make = _integer_valued if kind == "int" else _random
         inputs = [make(r, n, dtype) for r in range(n_ranks)]
@@ -70,7 +75,8 @@ def test_sum_follows_the_tree_order_not_rank_order():
     assert all(r[0] == 0.0 for r in run.results)
 
 
-def test_tiny_socket_buffers_and_large_frames():
+@pytest.mark.parametrize("cipher", ["aes-gcm", "aes-gmac", "hmac-sha256"])
+def test_tiny_socket_buffers_and_large_frames(cipher):
     """4 KiB socket buffers with 16 KiB chunks: every frame needs many partial sends/receives."""
     n = 3 * 4096 + 17
 
@@ -79,7 +85,9 @@ def test_tiny_socket_buffers_and_large_frames():
             _random(node.rank, n, np.float64)
         )
 
-    run = run_tree(5, body, node_kwargs={"chunk_bytes": 16384, "socket_buffer_bytes": 4096})
+    run = run_tree(
+        5, body, node_kwargs={"chunk_bytes": 16384, "socket_buffer_bytes": 4096}, cipher=cipher
+    )
     for j, dtype in enumerate(DTYPES):
         expected = tree_order_sum([_random(r, n, dtype) for r in range(5)])
         for r in range(5):
@@ -232,3 +240,26 @@ def test_separate_processes_agree_bit_for_bit():
 
     r = bench.allreduce_bandwidth(3, n=100_003, repeats=1, chunk_bytes=1 << 16)
     assert r["k"] == 3 and r["best_s"] > 0
+
+
+def test_results_are_owned_by_the_caller_and_their_memory_reused_once_dropped():
+    """Large results come from a pool: a held result is never overwritten by a later call, a
+    dropped one's memory is used again (no fresh page faults per call)."""
+    import gc
+
+    n = (1 << 20) // 4 + 1  # just over 1 MiB of float32
+
+    def body(node):
+        first = node.allreduce(np.full(n, 1.0, dtype=np.float32))
+        second = node.allreduce(np.full(n, 2.0, dtype=np.float32))
+        held_ok = first[0] == 2.0 and first[-1] == 2.0 and second[0] == 4.0
+        address = first.__array_interface__["data"][0]
+        first[:] = -1.0  # the caller may write into its result
+        del first
+        gc.collect()
+        third = node.allreduce(np.full(n, 3.0, dtype=np.float32))
+        reused = third.__array_interface__["data"][0] == address
+        return held_ok, bool(second[0] == 4.0), bool((third == 6.0).all()), reused
+
+    run = run_tree(2, body, node_kwargs={"chunk_bytes": 1 << 18})
+    assert run.results == [(True, True, True, True)] * 2

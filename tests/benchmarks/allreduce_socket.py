@@ -13,8 +13,9 @@ Figures (all on 127.0.0.1, one OS process per rank, so the GIL does not serializ
   system, all threads) that all ranks together spent in that call: on a machine with fewer
   cores than busy threads, wall time is at least ``cpu_s / cores``.
 * ``hmac_sha256_GBps``: single-thread HMAC-SHA256 throughput. Every byte of an AllReduce is
-  MAC'd when sent and verified when received, once per tree edge and direction: 4 (K-1) passes
-  over the vector in all, which bounds the bandwidth on a machine with few cores.
+  sealed when sent and opened when received, once per tree edge and direction: 4 (K-1) passes
+  over the vector in all; with ``allreduce.cipher = hmac-sha256`` that bounds the bandwidth on
+  a machine with few cores (AES-GCM is about 5x faster). ``cipher`` picks the frames' cipher.
 * ``scalars_latency_s``: mean time of ``allreduce_scalars`` of 4 floats (the latency-bound
   path L-BFGS uses for losses and dot products), slowest rank, over 200 back-to-back calls.
 
@@ -97,7 +98,9 @@ def raw_loopback(nbytes: int = RAW_BYTES, repeats: int = 5) -> dict[str, Any]:
 # AllReduce
 
 
-def _ar_worker(address, key, shard, n, repeats, chunk_bytes, queue) -> None:
+def _ar_worker(
+    address, key, shard, n, repeats, chunk_bytes, queue, cipher="aes-gcm", overlap=True
+) -> None:
     from allreduce.node import TreeNode
 
     try:
@@ -109,9 +112,12 @@ def _ar_worker(address, key, shard, n, repeats, chunk_bytes, queue) -> None:
             attempt_id=f"bench-{os.getpid()}",
             chunk_bytes=chunk_bytes,
             io_timeout_s=120.0,
+            cipher=cipher,
+            overlap=overlap,
         ) as node:
             node.allreduce(x)  # warm up (page-faults the buffers, grows TCP windows)
             walls, cpus, digest = [], [], ""
+            perf0 = node.perf()
             for _ in range(repeats):
                 node.barrier()
                 c0, t0 = time.process_time(), time.perf_counter()
@@ -119,18 +125,24 @@ def _ar_worker(address, key, shard, n, repeats, chunk_bytes, queue) -> None:
                 walls.append(time.perf_counter() - t0)
                 cpus.append(time.process_time() - c0)
                 digest = hashlib.sha256(out.tobytes()).hexdigest()
+            perf = {k: (v - perf0.get(k, 0.0)) / repeats for k, v in node.perf().items()}
             node.barrier()
             t0 = time.perf_counter()
             for _ in range(SCALAR_CALLS):
                 node.allreduce_scalars([1.0, 2.0, 3.0, 4.0])
             scalar_s = (time.perf_counter() - t0) / SCALAR_CALLS
-        queue.put((shard, walls, cpus, digest, scalar_s, None))
+        queue.put((shard, walls, cpus, digest, scalar_s, None, perf))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        queue.put((shard, [], [], "", 0.0, f"{type(exc).__name__}: {exc}"))
+        queue.put((shard, [], [], "", 0.0, f"{type(exc).__name__}: {exc}", {}))
 
 
 def allreduce_bandwidth(
-    k: int, n: int = VECTOR_ELEMENTS, repeats: int = 5, chunk_bytes: int = 1 << 20
+    k: int,
+    n: int = VECTOR_ELEMENTS,
+    repeats: int = 5,
+    chunk_bytes: int = 1 << 20,
+    cipher: str = "aes-gcm",
+    overlap: bool = True,
 ) -> dict[str, Any]:
     """AllReduce of ``n`` float32 over ``k`` processes; see the module docstring."""
     from allreduce.protocol import new_key
@@ -138,11 +150,11 @@ def allreduce_bandwidth(
 
     key = new_key()
     queue = _CTX.Queue()
-    with TreeServer(k, key, startup_timeout_s=120.0) as server:
+    with TreeServer(k, key, startup_timeout_s=120.0, cipher=cipher) as server:
         procs = [
             _CTX.Process(
                 target=_ar_worker,
-                args=(server.address, key, s, n, repeats, chunk_bytes, queue),
+                args=(server.address, key, s, n, repeats, chunk_bytes, queue, cipher, overlap),
             )
             for s in range(k)
         ]
@@ -162,15 +174,20 @@ def allreduce_bandwidth(
     best, med = min(walls), statistics.median(walls)
     return {
         "k": k,
+        "cipher": cipher,
+        "overlap": overlap,
         "elements": n,
         "bytes": nbytes,
         "chunk_bytes": chunk_bytes,
         "best_s": best,
         "median_s": med,
+        "times_s": walls,
         "GBps": nbytes / best / 1e9,
         "median_GBps": nbytes / med / 1e9,
         "cpu_s": statistics.median(cpus),
         "scalars_latency_s": max(r[4] for r in results),
+        # per rank (shard order), per call: seconds in each stage (TreeNode.perf)
+        "perf_per_rank": [r[6] for r in sorted(results, key=lambda r: r[0])],
     }
 
 
