@@ -13,9 +13,12 @@ camelCase boundaries (``spark.executorEnv.AWS_SECRET_ACCESS_KEY`` -> spark, exec
 secret, access, key). Its value is secret when
 
 1. a word contains ``secret``, ``password``, ``passwd``, ``passphrase``, ``token``, ``credential``,
-   ``signature``, or is one of ``pwd``, ``sas`` (Azure shared access signatures, ``fs.azure.sas.*``), ``sig``,
+   ``signature``, or is one of ``pwd``, ``jwt``, ``bearer``, ``cookie``, ``sas`` (Azure shared access signatures, ``fs.azure.sas.*``), ``sig``,
    or a run-together ``apikey`` / ``accesskey`` / ``secretkey`` / ``privatekey`` /
-   ``accountkey`` / ``sharedkey`` / ``encryptionkey``; or
+   ``accountkey`` / ``sharedkey`` / ``encryptionkey``; or its last word is ``auth``
+   (``spark.mycompany.auth``); or, in an environment variable (``spark.executorEnv.*``,
+   ``spark.yarn.appMasterEnv.*``, ``spark.kubernetes.driverEnv.*``), a word is ``pass`` or
+   ``pat`` (``DB_PASS``, ``GITHUB_PAT``); or
 2. a word ``key`` (or ``keys``) directly follows an access-key qualifier: access, secret, private,
    account, api, encryption, session, client, signing, storage, shared, master, provided,
    customer (``fs.s3a.access.key``, ``fs.s3a.secret.key``, ``fs.s3a.encryption.key``,
@@ -49,8 +52,13 @@ from typing import Any
 SECRET = "***"
 
 _CONTAINS = ("secret", "password", "passwd", "passphrase", "token", "credential", "signature")
-_WORDS = frozenset({"pwd", "sas", "sig", "apikey", "accesskey", "secretkey", "privatekey", "accountkey",
+_WORDS = frozenset({"pwd", "jwt", "bearer", "cookie", "sas", "sig", "apikey", "accesskey", "secretkey", "privatekey", "accountkey",
                     "sharedkey", "encryptionkey"})
+_LAST_WORDS = frozenset({"auth"})  # spark.mycompany.auth; not fs.gs.auth.service.account.json.keyfile
+# words that name a secret in an environment variable (DB_PASS, GITHUB_PAT) but are ordinary words
+# in terascale's own keys (train.inject.fail_pass)
+_ENV_WORDS = frozenset({"pass", "pat"})
+_ENV = re.compile(r"(?i)(^|\.)(executorEnv|appMasterEnv|driverEnv|executorEnvVar)\.")
 _KEY_QUALIFIERS = frozenset({"access", "secret", "private", "account", "api", "encryption", "session", "client",
                              "signing", "storage", "shared", "master", "provided", "customer"})
 _ABOUT = frozenset({"provider", "providers", "type", "class", "path", "file", "dir", "uri", "url", "enabled",
@@ -71,7 +79,7 @@ _QUERY_PARAM = re.compile(r"([?&;])([^=&;#]+)=([^&;#]*)")
 #: URI with user-info, which Spark would otherwise show). Spark 4's default,
 #: ``(?i)secret|password|token|access[.]?key|credential``, misses account, private, encryption
 #: and api keys and SAS keys.
-SPARK_REDACTION_REGEX = (r"(?i)secret|passw(or)?d|passphrase|token|credential|signature|(?<![a-z])(pwd|sig)(?![a-z])|"
+SPARK_REDACTION_REGEX = (r"(?i)secret|passw(or)?d|passphrase|token|credential|signature|(?<![a-z])(pwd|jwt|bearer|cookie|sig)(?![a-z])|auth$|Env[.].*(?<![a-z])(pass|pat)(?![a-z])|"
                          r"[._-]sas[._-]|(access|secret|private|account|api|encryption|session|client|signing|"
                          r"storage|shared|master|provided|customer)[._-]?keys?(?![a-z])|://[^\s@]+@")
 #: Java regex for ``spark.redaction.string.regex``: the user-info of a URI in strings Spark
@@ -91,6 +99,8 @@ def is_secret_key(key: str) -> bool:
     ws = words(key)
     if not ws or ws[-1] in _ABOUT:
         return False
+    if ws[-1] in _LAST_WORDS or (_ENV.search(str(key)) and _ENV_WORDS.intersection(ws)):
+        return True
     for i, w in enumerate(ws):
         if w in _WORDS or any(s in w for s in _CONTAINS):
             return True

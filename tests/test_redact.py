@@ -57,6 +57,9 @@ SECRET_KEYS = [
     "sig",
 ]
 
+SECRET_KEYS += ["spark.executorEnv.DB_PASS", "spark.executorEnv.GITHUB_PAT", "spark.mycompany.auth",
+                "spark.executorEnv.API_JWT", "spark.hadoop.http.bearer"]
+
 PLAIN_KEYS = [
     "spark.sql.shuffle.partitions",
     "featurize.seed",
@@ -80,6 +83,9 @@ PLAIN_KEYS = [
     "spark.hadoop.fs.s3a.proxy.username",
     "spark.hadoop.hadoop.security.group.mapping.ldap.bind.password.file",
     "train.checkpoint_dir",
+    "train.online_passes",
+    "spark.hadoop.fs.s3a.path.style.access",
+    "spark.authenticate",
     "allreduce.handshake_timeout_s",
 ]
 
