@@ -31,6 +31,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+import os
 import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -192,14 +193,20 @@ def _norm(path: str) -> str:
     return fsutil.normalize(path).rstrip("/")
 
 
+def _real(path: str) -> str:
+    """``_norm`` with a local path's symbolic links resolved (``dslink/preds`` is ``ds/preds``)."""
+    p = _norm(path)
+    return p if "://" in p else os.path.realpath(p)
+
+
 def check_apart(target: str, what: str, others: dict[str, str], inside: bool = True) -> None:
     """Refuse a target that equals, contains or (``inside``) lies inside one of ``others``
-    ({label: path})."""
-    t = _norm(target)
+    ({label: path}), compared with symbolic links resolved."""
+    t = _real(target)
     for label, other in others.items():
         if not other:
             continue
-        o = _norm(other)
+        o = _real(other)
         if t == o:
             rel = "is"
         elif inside and t.startswith(o + "/"):

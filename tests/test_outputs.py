@@ -235,12 +235,14 @@ def test_predict_refuses_the_users_part_files_and_its_own_input(tmp_path, capsys
     make_dataset(tmp_path / "data")
     make_model(tmp_path / "m")
     logs = user_dir(tmp_path / "logs", ("part-00000", "part-00001.tsv", "README"))
+    (tmp_path / "dlink").symlink_to(tmp_path / "data")  # the dataset through a symbolic link
     before = snapshot(tmp_path)
     assert _predict(tmp_path, logs, "--overwrite") == 2
     assert f"--output {logs}: holds 3 files that terascale did not write (README, part-00000, part-00001.tsv)" \
         in err_of(capsys)
     for target, what in ((tmp_path / "data", "is the input dataset"), (tmp_path / "data" / "p", "is inside the input"),
-                         (tmp_path, "contains the input dataset"), (tmp_path / "m", "is the model")):
+                         (tmp_path, "contains the input dataset"), (tmp_path / "m", "is the model"),
+                         (tmp_path / "dlink" / "p", "is inside the input"), (tmp_path / "dlink", "is the input dataset")):
         assert _predict(tmp_path, target, "--overwrite") == 2
         assert f"--output {target}: {what}" in err_of(capsys)
     assert snapshot(tmp_path) == before
