@@ -19,6 +19,7 @@ from allreduce.spark import BarrierError, NetConf, run_barrier
 from jobs import checkpoint, preflight
 from jobs.config import Config, to_dict
 from jobs.progress import ProgressMonitor
+from jobs.run_checkpoints import RunCheckpoints
 from jobs.train_task import Inject, TaskSpec, run_train_task
 from pipeline import artifacts, fsutil, modeldir
 from pipeline.dataset import plan_shards
@@ -72,29 +73,6 @@ def check_outputs(cfg: Config, data_dir: str, model_dir: str) -> None:
     what = "train.checkpoint_dir"
     artifacts.check_apart(ckpt, what, {"the input dataset": data_dir, "the model directory": model_dir})
     artifacts.check_target(ckpt, artifacts.CHECKPOINTS, True, what, "")
-
-
-def _open_checkpoints(ckpt: str, run_id: str) -> bool:
-    """Clear an earlier run's checkpoints, write this run's marker; True when the directory is
-    this run's to remove at the end (False: an empty directory the user made, kept)."""
-    found = artifacts.inspect(ckpt)
-    if found.kind == artifacts.CHECKPOINTS:
-        fsutil.delete(ckpt)  # an earlier run's (its marker): checkpoints serve one run's attempts
-    artifacts.write_marker(ckpt, artifacts.CHECKPOINTS, run_id)
-    return found.kind != "empty"
-
-
-def _close_checkpoints(ckpt: str, run_id: str, made: bool) -> None:
-    """Remove the checkpoints, only when the marker still names this run."""
-    marker = artifacts.read_marker(ckpt, artifacts.CHECKPOINTS)
-    if not marker or marker.get("run") != run_id:
-        log.warning("train: %s no longer holds this run's checkpoint marker; leaving it in place", ckpt)
-        return
-    if made:
-        fsutil.delete(ckpt)
-        return
-    fs, inner = fsutil.resolve(ckpt)
-    fs.delete_dir_contents(inner)
 
 
 def _groups_path(data_dir: str, manifest: dict, params: SolverParams) -> str:
@@ -167,12 +145,12 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     memory = _memory_preflight(spark, cfg, manifest, shards, int(spec["bits"]), bool(init_model))
     ckpt = checkpoint_dir(cfg, model_dir)
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    made_ckpt = _open_checkpoints(ckpt, run_id)
+    run_ckpt = RunCheckpoints(ckpt, run_id)  # this run's subdirectory (jobs.run_checkpoints)
     staging = modeldir.staging_dir(model_dir, run_id)
     task = TaskSpec(
         shards=tuple(tuple(s) for s in shards), n_features=1 << int(spec["bits"]), params=params,
         # CoCoA stops on the duality gap and uses no held-out rows: train on all of them
-        holdout_period=0 if params.solver == "cocoa" else t.holdout_period, checkpoint_dir=ckpt, checkpoint_interval_s=t.checkpoint_interval_s,
+        holdout_period=0 if params.solver == "cocoa" else t.holdout_period, checkpoint_dir=run_ckpt.dir, checkpoint_interval_s=t.checkpoint_interval_s,
         staging_dir=staging,
         inject=Inject(**dataclasses.asdict(t.inject)), init_weights=init_model,
         groups_path=_groups_path(data_dir, manifest, params),
@@ -183,11 +161,11 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     period = task.holdout_period
     train_rows = sum(n - (n // period if period else 0) for n in (sum(p.rows for p in s) for s in shards))
     try:
-        with ProgressMonitor(ckpt, params.passes, train_rows, tty=_progress_tty(cfg)) as monitor:
+        with run_ckpt, ProgressMonitor(run_ckpt.dir, params.passes, train_rows, tty=_progress_tty(cfg)) as monitor:
             res = run_barrier(spark, t.workers, t.spares, lambda ctx: run_train_task(ctx, task),
                               net=NetConf.from_conf(cfg.allreduce), max_attempts=t.max_attempts,
                               server_host=cfg.allreduce.host, job_name="terascale train",
-                              no_retry=DETERMINISTIC_ERRORS, on_attempt=_fenced(ckpt, monitor.attach))
+                              no_retry=DETERMINISTIC_ERRORS, on_attempt=_fenced(run_ckpt.dir, monitor.attach))
     except BarrierError as e:
         fsutil.delete(staging)
         raise TrainError(str(e), e.attempts) from None
@@ -219,6 +197,6 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     except Exception:
         fsutil.delete(staging)
         raise
-    _close_checkpoints(ckpt, run_id, made_ckpt)
+    run_ckpt.finish()
     log.info("train: objective %.6g after %d passes -> %s", rank0["objective"], len(rank0["history"]), model_dir)
     return metadata

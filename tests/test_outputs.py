@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from jobs import session
+from jobs import run_checkpoints, session
 from jobs.cli import main
 from jobs.config import load_config
-from jobs.train_job import _close_checkpoints, _open_checkpoints
+from jobs.run_checkpoints import RunCheckpoints
 from pipeline import artifacts, modeldir
 from pipeline.manifest import DatasetError, read_manifest
 from pipeline.pointer import publish
@@ -205,25 +206,44 @@ def test_train_refuses_a_checkpoint_dir_holding_the_users_notes(tmp_path, capsys
 
 def test_checkpoint_dir_is_marked_and_removed_only_when_ours(tmp_path):
     ck = str(tmp_path / "ck")
-    assert _open_checkpoints(ck, "run1") is True
-    assert artifacts.read_marker(ck, artifacts.CHECKPOINTS)["run"] == "run1"
-    (tmp_path / "ck" / "pass-000001.a00.npz").write_bytes(b"state")
-    _close_checkpoints(ck, "run1", True)
+    with RunCheckpoints(ck, "run1") as r1:
+        assert artifacts.read_marker(ck, artifacts.CHECKPOINTS)["run"] == "run1"
+        assert r1.dir == f"{ck}/run-run1" and os.path.isfile(f"{r1.dir}/{run_checkpoints.LEASE}")
+        (Path(r1.dir) / "pass-000001.a00.npz").write_bytes(b"state")
+    r1.finish()
     assert not (tmp_path / "ck").exists()
-    # an earlier run's directory (its marker) is cleared and re-marked
-    artifacts.write_marker(ck, artifacts.CHECKPOINTS, "old")
-    (tmp_path / "ck" / "pass-000007.a00.npz").write_bytes(b"stale")
-    assert _open_checkpoints(ck, "run2") is True
-    assert sorted(os.listdir(ck)) == [artifacts.CHECKPOINTS_MARKER]
-    # a successor re-marked it: this run leaves it alone
-    artifacts.write_marker(ck, artifacts.CHECKPOINTS, "run3")
-    _close_checkpoints(ck, "run2", True)
-    assert artifacts.read_marker(ck, artifacts.CHECKPOINTS)["run"] == "run3"
     # an empty directory the user made is used, emptied at the end and kept
     (tmp_path / "mine").mkdir()
-    assert _open_checkpoints(str(tmp_path / "mine"), "run4") is False
-    _close_checkpoints(str(tmp_path / "mine"), "run4", False)
+    with RunCheckpoints(str(tmp_path / "mine"), "run4") as r4:
+        pass
+    r4.finish()
     assert (tmp_path / "mine").is_dir() and os.listdir(tmp_path / "mine") == []
+
+
+def test_runs_sharing_a_checkpoint_dir_keep_apart_and_stale_runs_are_removed(tmp_path, caplog):
+    """Run B starts while run A (same checkpoint directory) still trains: B neither reads nor
+    removes A's checkpoints; a dead run's (stale lease) and an ended run's are removed."""
+    ck = str(tmp_path / "ck")
+    with RunCheckpoints(ck, "A") as a:
+        (Path(a.dir) / "pass-000038.a00.npz").write_bytes(b"A's state")
+        dead = RunCheckpoints(ck, "dead").open()
+        dead.__exit__(None, None, None)
+        lease = json.loads((Path(dead.dir) / run_checkpoints.LEASE).read_text())
+        lease["at"] -= run_checkpoints.STALE_AFTER_S + 1  # its driver died long ago
+        (Path(dead.dir) / run_checkpoints.LEASE).write_text(json.dumps(lease))
+        with pytest.raises(RuntimeError):
+            with RunCheckpoints(ck, "failed"):
+                raise RuntimeError("the run failed")
+        with caplog.at_level(logging.WARNING, logger="terascale.train"):
+            with RunCheckpoints(ck, "B") as b:
+                assert sorted(os.listdir(ck)) == [artifacts.CHECKPOINTS_MARKER, "run-A", "run-B"]
+                assert os.listdir(b.dir) == [run_checkpoints.LEASE]  # nothing of A's to resume from
+        assert "shared with run A" in caplog.text and "run-dead" in caplog.text and "run-failed" in caplog.text
+        b.finish()
+        assert sorted(os.listdir(ck)) == [artifacts.CHECKPOINTS_MARKER, "run-A"]
+        assert (Path(a.dir) / "pass-000038.a00.npz").read_bytes() == b"A's state"
+    a.finish()
+    assert not (tmp_path / "ck").exists()
 
 
 def _predict(tmp_path, output, *extra):

@@ -80,8 +80,8 @@ def faulted(site, featurized) -> tuple[dict, str]:
                      ["--input", str(featurized), "--model", str(model), *TRAIN,
                       "--set", "train.inject.pass_delay_s=3"], site.work / "train.log")
     deadline = time.monotonic() + 400
-    # a checkpoint is complete when its manifest (pass-PPPPPP.aAA.json, written last) lands
-    while not any(ckpt.glob("pass-000002.a*.json")):
+    # a checkpoint is complete when its manifest (run-RUN/pass-PPPPPP.aAA.json, written last) lands
+    while not any(ckpt.glob("run-*/pass-000002.a*.json")):
         assert p.poll() is None, f"training ended before the fault:\n{Path(p.log.name).read_text()[-4000:]}"
         assert time.monotonic() < deadline, "no checkpoint of pass 2 within 400 s"
         time.sleep(0.2)
