@@ -24,7 +24,7 @@ from jobs.train_task import Inject, TaskSpec, run_train_task
 from pipeline import artifacts, fsutil, modeldir
 from pipeline.dataset import plan_shards
 from pipeline.manifest import MANIFEST, DatasetError, read_manifest
-from pipeline.pointer import resolve_model
+from pipeline.pointer import resolve_model, served_by
 from pipeline.spec import check_bits
 from solvers.params import SolverParams
 
@@ -68,7 +68,12 @@ def check_outputs(cfg: Config, data_dir: str, model_dir: str) -> None:
     Neither may equal, contain or lie inside the input dataset or each other.
     """
     artifacts.check_apart(model_dir, "--model", {"the input dataset": data_dir})
-    artifacts.check_target(model_dir, artifacts.MODEL, cfg.train.overwrite, "--model", OVERWRITE_FLAG)
+    if artifacts.check_target(model_dir, artifacts.MODEL, cfg.train.overwrite, "--model", OVERWRITE_FLAG).kind == artifacts.MODEL:
+        serving = served_by(model_dir)
+        if serving:
+            raise artifacts.OutputError(
+                f"--model {model_dir}: is the model served by the pointer {', '.join(serving)}; refusing to replace "
+                "it in place: train into a new directory, then gate and publish it")
     ckpt = checkpoint_dir(cfg, model_dir)
     what = "train.checkpoint_dir"
     artifacts.check_apart(ckpt, what, {"the input dataset": data_dir, "the model directory": model_dir})

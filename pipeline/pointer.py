@@ -120,4 +120,31 @@ def publish(model_dir: str, pointer: str, metrics: dict | None = None) -> dict:
     content = {"pointer_format": POINTER_FORMAT, "model": model, "published_at": now,
                "metrics": metrics, "previous": previous}
     fsutil.write_json_atomic(fsutil.normalize(pointer), content)
+    _record_publication(model, fsutil.normalize(pointer))
     return content
+
+
+PUBLISHED = "_published.json"
+
+
+def _record_publication(model: str, pointer: str) -> None:
+    """Note in the model directory which pointers were made to serve it (``served_by`` reads it)."""
+    path = fsutil.join(model, PUBLISHED)
+    known = fsutil.read_json(path).get("pointers", []) if fsutil.exists(path) else []
+    fsutil.write_json_atomic(path, {"pointers": sorted({*known, pointer})})
+
+
+def served_by(model_dir: str) -> list[str]:
+    """The pointers, among those ``publish`` made for this model, that still point at it."""
+    model = fsutil.normalize(model_dir).rstrip("/")
+    path = fsutil.join(model, PUBLISHED)
+    if not fsutil.exists(path):
+        return []
+    serving = []
+    for p in fsutil.read_json(path).get("pointers", []):
+        try:
+            if fsutil.normalize(read_pointer(p)["model"]).rstrip("/") == model:
+                serving.append(p)
+        except (PointerError, FileNotFoundError, OSError, KeyError):
+            continue  # gone or replaced by something else: it serves nothing
+    return serving

@@ -241,6 +241,24 @@ def test_a_rerun_cannot_overwrite_the_served_model(tmp_path, capsys):
     assert rc == 2
 
 
+def test_overwrite_cannot_replace_a_served_model_in_place(tmp_path, capsys):
+    """train --overwrite into the directory a pointer serves is refused; once the pointer serves
+    another model, the old directory may be replaced (the check runs before any Spark work)."""
+    m = make_model(tmp_path / "day1")
+    assert main(["publish", "--model", m, "--pointer", str(tmp_path / "current")]) == 0
+    assert json.loads((tmp_path / "day1" / "_published.json").read_text())["pointers"] == [str(tmp_path / "current")]
+    before = (tmp_path / "day1" / "weights.npy").read_bytes()
+    rc = main(["train", "--input", str(tmp_path / "data"), "--model", m, "--overwrite"])
+    assert rc == 2
+    assert f"--model {m}: is the model served by the pointer {tmp_path / 'current'}" in capsys.readouterr().err
+    assert (tmp_path / "day1" / "weights.npy").read_bytes() == before
+    m2 = make_model(tmp_path / "day2")
+    assert main(["publish", "--model", m2, "--pointer", str(tmp_path / "current")]) == 0
+    from jobs.train_job import check_outputs
+
+    check_outputs(load_config([], ["train.overwrite=true"]), str(tmp_path / "data"), m)  # served no more: allowed
+
+
 # ------------------------------------------------------------- entry points as subprocesses
 
 

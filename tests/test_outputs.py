@@ -478,3 +478,15 @@ def test_demo_reruns_over_its_own_logs_only(tmp_path):
                                                     r"\(clicks.csv\)"):
         _remove_generated(str(mine))
     assert sorted(os.listdir(mine)) == ["clicks.csv", "part-00000.tsv"]
+
+
+def test_files_terascale_adds_to_its_artifacts_are_its_own(tmp_path):
+    """A model's token dictionary and publication record, a dataset's token dictionary: replacing
+    such an artifact with overwrite is allowed (they are not a user's files)."""
+    m = make_model(tmp_path / "m")
+    (tmp_path / "m" / "tokens.parquet").write_bytes(b"t")
+    (tmp_path / "m" / "_published.json").write_text("{}")
+    assert artifacts.check_target(m, artifacts.MODEL, True, "--model", "").foreign == []
+    ds = make_dataset(tmp_path / "ds")
+    (Path(ds) / "_tokens.parquet").write_bytes(b"t")
+    assert artifacts.check_target(ds, artifacts.DATASET, True, "--output", "").foreign == []
