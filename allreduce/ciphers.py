@@ -33,6 +33,7 @@ left behind. ``cryptography`` is imported only when an AES cipher is used.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import hmac
 import struct
@@ -95,7 +96,7 @@ def session_keys(
 # Frame ciphers (one direction of one connection each)
 
 
-class FrameCipher:
+class FrameCipher(abc.ABC):
     """Protects the frames of one direction of one connection.
 
     ``encrypts``: the wire payload is ciphertext (a sender needs an output buffer, a receiver
@@ -107,15 +108,15 @@ class FrameCipher:
     tag_bytes = 0
     encrypts = False
 
+    @abc.abstractmethod
     def seal(self, header: bytes, payload: Any, out: Any = None) -> Any:
         """The tag (or, if ``encrypts``, ``ciphertext || tag`` written into ``out``)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def open_into(self, header: bytes, wire: Any, out: Any, what: str) -> None:
         """Verify ``wire`` (``ciphertext || tag`` if ``encrypts``, else ``payload || tag`` with
         ``out`` holding the payload already, ``wire`` then being the tag) and put the payload
         in ``out``; AuthError (``out`` zeroed) if it does not verify."""
-        raise NotImplementedError
 
 
 class HmacCipher(FrameCipher):

@@ -39,26 +39,24 @@ def unique_tmp(path: str, tag: str = "") -> str:
     return f"{head}/.{name}.tmp-{token}" if head else f".{name}.tmp-{token}"
 
 
-def fsync_file(path: str) -> None:
-    """Flush a local file's data and metadata to the device (no-op on remote stores)."""
+def _fsync(path: str, flags: int) -> None:
     if not is_local(path):
         return
-    fd = os.open(_local(path), os.O_RDONLY)
+    fd = os.open(_local(path), os.O_RDONLY | flags)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_file(path: str) -> None:
+    """Flush a local file's data and metadata to the device (no-op on remote stores)."""
+    _fsync(path, 0)
 
 
 def fsync_dir(path: str) -> None:
     """Flush a local directory's entries (new, renamed or removed names) to the device."""
-    if not is_local(path):
-        return
-    fd = os.open(_local(path), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync(path, os.O_DIRECTORY)
 
 
 def fsync_tree(path: str) -> None:
