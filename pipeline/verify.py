@@ -17,7 +17,8 @@ is an error instead of silently wrong data. A corrupt data page is found only wh
 decodes it: :func:`read_row_groups` turns a
 decode error into :class:`DataFileError` naming the file and the row groups. An error that
 could be transient (an I/O error of a remote filesystem) is told apart from corrupt bytes by
-reading once more: the same error again means the bytes are bad. Jobs list
+reading once more: the same error again means the bytes are bad; a second read that succeeds is
+used (the first error was transient). Jobs list
 ``DataFileError`` among the errors a new attempt would only repeat (no retry).
 """
 
@@ -122,7 +123,7 @@ def _read(path: str, row_groups: list[int], columns: list[str] | None) -> pa.Tab
 def read_row_groups(path: str, row_groups: Iterable[int], columns: list[str] | None = None) -> pa.Table:
     """Row groups of one file (the ``columns`` it has); a file that cannot be decoded raises
     DataFileError naming it and the row groups (module docstring: one re-read tells corrupt
-    bytes from a transient I/O error, which is raised as it was)."""
+    bytes from a transient I/O error; a re-read that succeeds is returned)."""
     groups = list(row_groups)
     where = f"{path}: row group{'s' if len(groups) != 1 else ''} {', '.join(map(str, groups))}"
     try:
@@ -133,12 +134,11 @@ def read_row_groups(path: str, row_groups: Iterable[int], columns: list[str] | N
         if isinstance(first, pa.ArrowInvalid):  # the bytes were read; they do not decode
             raise DataFileError(f"{where}: cannot be decoded: {first}") from None
         try:
-            _read(path, groups, columns)
+            return _read(path, groups, columns)  # it worked: the first error was transient
         except type(first) as again:
             if str(again) == str(first):
                 raise DataFileError(f"{where}: cannot be read or decoded (twice the same error): {first}") from None
             raise
-        raise  # the second read worked: the first error was transient, let the job retry
 
 
 def catching(task: Callable[[int, Iterator], Iterator]) -> Callable[[int, Iterator], Iterator]:
