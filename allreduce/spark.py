@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from allreduce import ciphers
 from allreduce.client import ServerSession, SpareSession
 from allreduce.errors import StandDown
 from allreduce.node import TreeNode
@@ -87,7 +88,7 @@ class NetConf:
     max_wait_s: float = 86400.0
     max_unauthenticated: int = 1024  # listeners' bounds on connections not yet authenticated
     max_unauthenticated_per_source: int = 64
-    cipher: str = "aes-gcm"  # frame protection after the handshake (allreduce.ciphers)
+    cipher: str = ciphers.DEFAULT_CIPHER  # frame protection after the handshake (allreduce.ciphers)
 
     @classmethod
     def from_conf(cls, c) -> NetConf:

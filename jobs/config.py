@@ -20,7 +20,9 @@ from typing import Any
 
 import yaml
 
+from allreduce.ciphers import CIPHERS, DEFAULT_CIPHER
 from pipeline.redact import redact, shown
+from pipeline.sampling import CALIBRATIONS
 from pipeline.spec import MAX_BITS
 from solvers.params import SolverParams
 
@@ -293,10 +295,10 @@ class AllreduceConf:
     max_unauthenticated_per_source: int = param(64, "the same bound per source address", Interval(1, 1 << 20, integer=True))
     startup_timeout_s: float = param(600.0, "every shard must have a survivor within this time", Interval(0, 86400, lo_open=True))
     max_frame_bytes: int = param(1 << 28, "largest frame accepted (checked before allocating)", Interval(64, 1 << 31, integer=True))
-    cipher: str = param("aes-gcm", "protection of every frame after the handshake: aes-gcm = AES-256-GCM, payload "
+    cipher: str = param(DEFAULT_CIPHER, "protection of every frame after the handshake: aes-gcm = AES-256-GCM, payload "
                         "encrypted and authenticated (gradients can reveal training data); aes-gmac = authenticated "
                         "only, payload in clear; hmac-sha256 = authenticated only, no extra library, slowest. "
-                        "The driver and every rank use this one", OneOf(("aes-gcm", "aes-gmac", "hmac-sha256")))
+                        "The driver and every rank use this one", OneOf(CIPHERS))
 
 
 @dataclass(frozen=True)
@@ -318,7 +320,7 @@ class PredictConf:
         "probabilities of a model trained on negative-downsampled data (featurize.negative_rate = r < 1): "
         "population = sigma(margin), calibrated to the unsampled data (the 1/r weights already corrected it); "
         "sampled = sigma(margin - ln r), the click rate among the kept rows, for teams that correct it themselves",
-        OneOf(("population", "sampled")),
+        OneOf(CALIBRATIONS),
     )
 
 

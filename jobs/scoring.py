@@ -25,6 +25,7 @@ from pipeline.dataset import ShardPart, plan_shards, read_csr
 from pipeline.manifest import MANIFEST, read_manifest
 from pipeline.pointer import resolve_model
 from pipeline.redact import redact_text
+from pipeline.sampling import dataset_negative_rate, logit_shift, model_negative_rate
 from pipeline.verify import catching, raise_bad_files, read_row_groups
 
 log = logging.getLogger("terascale.scoring")
@@ -38,20 +39,6 @@ def _model(model_dir: str) -> tuple[np.ndarray, float, str]:
         _MODEL_CACHE.clear()
         _MODEL_CACHE[model_dir] = (w, b, meta["config"]["train"]["loss"], model_negative_rate(meta))
     return _MODEL_CACHE[model_dir]
-
-
-def model_negative_rate(meta: dict) -> float:
-    """featurize.negative_rate of the data the model was trained on (1 for older models)."""
-    return float(meta.get("data", {}).get("negative_rate", 1.0))
-
-
-def logit_shift(meta_rate: float, calibration: str) -> float:
-    """What predict adds to the margin: 0 (population) or −ln r (sampled; ``pipeline.sampling``)."""
-    from pipeline.sampling import sampled_logit_shift
-
-    if calibration not in ("population", "sampled"):
-        raise ValueError(f"predict.calibration = {calibration!r}: must be 'population' or 'sampled'")
-    return sampled_logit_shift(meta_rate) if calibration == "sampled" else 0.0
 
 
 def _scores(csr, model_dir: str, calibration: str = "population") -> np.ndarray:
@@ -121,7 +108,7 @@ def evaluate(spark, data_dir: str, model_dir: str) -> dict:
 
 def _weighting(manifest: dict, meta: dict) -> dict:
     """How evaluate's weighted metrics relate to negative downsampling (``pipeline.sampling``)."""
-    d_rate = float((manifest.get("sampling") or {}).get("negative_rate", 1.0))
+    d_rate = dataset_negative_rate(manifest)
     m_rate = model_negative_rate(meta)
     parts = []
     if m_rate < 1.0:

@@ -25,6 +25,7 @@ from pipeline import artifacts, fsutil, modeldir
 from pipeline.dataset import plan_shards
 from pipeline.manifest import MANIFEST, DatasetError, read_manifest
 from pipeline.pointer import resolve_model, served_by
+from pipeline.sampling import dataset_negative_rate
 from pipeline.spec import check_bits
 from solvers.params import SolverParams
 
@@ -120,7 +121,7 @@ def _memory_preflight(spark, cfg: Config, manifest: dict, shards, bits: int, war
 
 def negative_sampling(manifest: dict) -> dict:
     """The dataset's negative downsampling as the model metadata records it (``pipeline.sampling``)."""
-    rate = float((manifest.get("sampling") or {}).get("negative_rate", 1.0))
+    rate = dataset_negative_rate(manifest)
     note = ("negatives kept with probability r and weighted 1/r: the weighted objective estimates the unsampled "
             "population's, so sigma(margin) is calibrated to it and needs no correction; "
             "sigma(margin - ln r) is the click rate among the kept rows") if rate < 1.0 else "every row kept"

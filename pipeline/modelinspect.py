@@ -16,6 +16,7 @@ import numpy as np
 
 from pipeline import fsutil, modeldir, tokendict
 from pipeline.pointer import resolve_model
+from pipeline.sampling import model_negative_rate
 
 
 def top_features(model: str, top: int, names: bool | None = None) -> dict:
@@ -44,7 +45,7 @@ def top_features(model: str, top: int, names: bool | None = None) -> dict:
             row["more_possible"] = len(row["tokens"]) >= int(entry["per_bucket"])
         rows.append(row)
     return {"model": fsutil.normalize(path), "intercept": b, "features": int(w.shape[0]), "nonzeros": int(nz.shape[0]),
-            "negative_rate": float(meta.get("data", {}).get("negative_rate", 1.0)),
+            "negative_rate": model_negative_rate(meta),
             "named": bool(libsvm or entry) and names is not False, "top": rows}
 
 

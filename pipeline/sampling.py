@@ -88,3 +88,25 @@ def take_rows(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, mask:
 def sampled_logit_shift(rate: float) -> float:
     """Add to a weighted model's margin to get the sampled population's logit: −ln r (≥ 0)."""
     return -math.log(rate) if rate < 1.0 else 0.0
+
+
+#: ``predict.calibration``: population = σ(margin); sampled = σ(margin − ln r)
+CALIBRATIONS = ("population", "sampled")
+
+
+def logit_shift(rate: float, calibration: str) -> float:
+    """What scoring adds to the margin of a model trained on negatives kept at ``rate``:
+    0 (population) or −ln r (sampled)."""
+    if calibration not in CALIBRATIONS:
+        raise ValueError(f"calibration {calibration!r}: must be one of {list(CALIBRATIONS)} (predict.calibration)")
+    return sampled_logit_shift(rate) if calibration == "sampled" else 0.0
+
+
+def model_negative_rate(meta: dict) -> float:
+    """featurize.negative_rate of the data a model was trained on (its metadata; 1 for older models)."""
+    return float(meta.get("data", {}).get("negative_rate", 1.0))
+
+
+def dataset_negative_rate(manifest: dict) -> float:
+    """featurize.negative_rate of a dataset (its manifest; 1 when it was not downsampled)."""
+    return float((manifest.get("sampling") or {}).get("negative_rate", 1.0))

@@ -32,12 +32,10 @@ from pipeline import modeldir
 from pipeline.blocks import BlockParser
 from pipeline.pointer import resolve_model
 from pipeline.rowkernels import REASONS
-from pipeline.sampling import sampled_logit_shift
+from pipeline.sampling import logit_shift, model_negative_rate
 from pipeline.spec import FeatureSpec
 from solvers.data import CSRData
 from solvers.predict import decision_function, sigmoid
-
-CALIBRATIONS = ("population", "sampled")
 
 
 class MalformedLine(ValueError):
@@ -57,16 +55,14 @@ class Scorer:
 
     def __init__(self, weights: np.ndarray, intercept: float, meta: dict, calibration: str = "population",
                  labeled: bool = True):
-        if calibration not in CALIBRATIONS:
-            raise ValueError(f"calibration {calibration!r}: must be one of {list(CALIBRATIONS)}")
         self.weights = weights
         self.intercept = float(intercept)
         self.meta = meta
         self.spec = FeatureSpec.from_json(meta["spec"])
         self.loss = meta["config"]["train"]["loss"]
-        self.negative_rate = float(meta.get("data", {}).get("negative_rate", 1.0))
+        self.negative_rate = model_negative_rate(meta)
         self.calibration = calibration
-        self.logit_shift = sampled_logit_shift(self.negative_rate) if calibration == "sampled" else 0.0
+        self.logit_shift = logit_shift(self.negative_rate, calibration)
         max_line = int(meta["config"].get("featurize", {}).get("max_line_bytes", 65536))
         self._parser = BlockParser(self.spec, max_line)
         self._n_features = 1 << self.spec.bits
