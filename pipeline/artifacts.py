@@ -143,7 +143,8 @@ def inspect(path: str) -> Found:
         entries = sorted(posixpath.basename(i.path) + ("/" if i.type == pafs.FileType.Directory else "") for i in top)
         return Found("foreign", "", entries)
     own = OWN[kind]
-    foreign = [f for f in _files(path) if not any(fnmatch.fnmatchcase(f, p) for p in own)]
+    # a kind that owns everything under its marker (checkpoints) needs no recursive listing
+    foreign = [] if own == ("*",) else [f for f in _files(path) if not any(fnmatch.fnmatchcase(f, p) for p in own)]
     marker = MANIFEST if kind == PREDICTIONS and PREDICTIONS_MARKER not in names else _MARKER_OF[kind]
     return Found(kind, f"{_LABEL[kind]} ({marker})", foreign)
 

@@ -181,6 +181,7 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
                     tokens.add_block(item.data, pb.status, pb.line_start, pb.line_len)
                 labels, indptr, indices, values, multi = pb.labels, pb.indptr, pb.indices, pb.values, pb.row_multi
                 stats["lines"] += pb.n_lines
+                owned = False  # views of the parser's reused buffers until sampling makes new arrays
                 if opts.negative_rate < 1.0 and labels.shape[0]:
                     # row j is the j-th good line of the block: its file line number is line_no + that line's index
                     row_lines = line_no + np.flatnonzero(pb.status == 0)
@@ -188,6 +189,7 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
                     stats["dropped"] += int(keep.shape[0] - keep.sum())
                     indptr, indices, values = sampling.take_rows(indptr, indices, values, keep)
                     labels, multi = labels[keep], multi[keep]
+                    owned = True
                 line_no += pb.n_lines
                 n_rows = labels.shape[0]
                 stats["rows"] += n_rows
@@ -202,8 +204,9 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
                 totals["positives"] += float(labels.sum(dtype=np.float64))
                 totals["weight_sum"] += float(weights.sum(dtype=np.float64))
                 totals["multi_rows"] += int(multi.sum())
-                pending.append(_arrow_batch(labels.copy(), indptr.copy(), indices.copy(), values.copy(), multi.copy(),
-                                            weights))
+                if not owned:
+                    labels, indptr, indices, values, multi = (a.copy() for a in (labels, indptr, indices, values, multi))
+                pending.append(_arrow_batch(labels, indptr, indices, values, multi, weights))
                 pending_rows += n_rows
                 if pending_rows >= opts.row_group_rows:
                     flush()
