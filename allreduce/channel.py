@@ -688,14 +688,14 @@ def client_handshake(
     the server's HELLO. Closes nothing on failure (the caller owns ``sock``)."""
     who = _who(rank, peer)
     ciphers.check_cipher(cipher)
-    mac = proto.Mac(key)
+    mac = ciphers.HmacCipher(key)  # HELLO frames: HMAC-SHA256 under the attempt key
     deadline = time.monotonic() + handshake_timeout_s
     nonce = secrets.token_bytes(proto.NONCE_BYTES)
     hello = {**info, "proto": PROTO_NAME, "role": role, "nonce": nonce.hex(), "cipher": cipher}
     payload = proto.encode_json(hello)
     header = proto.pack_header(MsgType.HELLO, 0, len(payload))
     sock.settimeout(handshake_timeout_s)
-    proto.send_buffers(sock, (header, payload, mac.tag(header, payload)), rank=rank, peer=peer)
+    proto.send_buffers(sock, (header, payload, mac.seal(header, payload)), rank=rank, peer=peer)
 
     def only_hello(h: proto.Header) -> None:
         if h.msg_type is MsgType.ABORT:
@@ -818,8 +818,8 @@ def answer_hello(
     header = proto.pack_header(MsgType.HELLO, 0, len(payload))
     remaining = deadline - time.monotonic()
     sock.settimeout(max(remaining, 0.001))
-    mac = proto.Mac(key)
-    proto.send_buffers(sock, (header, payload, mac.tag(header, payload)), rank=rank, peer=peer)
+    mac = ciphers.HmacCipher(key)  # HELLO frames: HMAC-SHA256 under the attempt key
+    proto.send_buffers(sock, (header, payload, mac.seal(header, payload)), rank=rank, peer=peer)
     if mixed:
         _cipher_check(hello.get("cipher"), cipher, "a HELLO")
     c2s, s2c = proto.derive_session_keys(

@@ -36,7 +36,6 @@ from __future__ import annotations
 import abc
 import hashlib
 import hmac
-import struct
 from typing import Any
 
 from .errors import AuthError, ProtocolError
@@ -45,7 +44,6 @@ CIPHERS = ("aes-gcm", "aes-gmac", "hmac-sha256")
 DEFAULT_CIPHER = "aes-gcm"
 GCM_TAG_BYTES = 16
 HMAC_TAG_BYTES = 32
-_SEQ = struct.Struct("!Q")
 DIRECTIONS = {"c2s": b"c2s\x00", "s2c": b"s2c\x00"}
 
 

@@ -34,7 +34,6 @@ failures to :class:`~allreduce.errors.PeerLost` / :class:`~allreduce.errors.Peer
 from __future__ import annotations
 
 import enum
-import hmac
 import json
 import secrets
 import socket
@@ -45,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import ciphers
-from .errors import AuthError, PeerLost, PeerTimeout, ProtocolError
+from .errors import PeerLost, PeerTimeout, ProtocolError
 
 MAGIC = b"TSAR"
 VERSION = 2
@@ -143,27 +142,6 @@ def derive_session_keys(
     return ciphers.session_keys(key, client_nonce, server_nonce, cipher, transcript)
 
 
-class Mac:
-    """HMAC-SHA256 with a fixed key, keyed once and copied per frame (cheap): HELLO frames."""
-
-    __slots__ = ("_base", "cipher")
-
-    def __init__(self, key: bytes) -> None:
-        self._base = hmac.new(key, digestmod="sha256")
-        self.cipher = ciphers.HmacCipher(key)
-
-    def start(self):
-        """A fresh HMAC object to feed header and payload into, piece by piece."""
-        return self._base.copy()
-
-    def tag(self, header: bytes, payload: Any = b"") -> bytes:
-        h = self._base.copy()
-        h.update(header)
-        if len(payload):
-            h.update(payload)
-        return h.digest()
-
-
 # ---------------------------------------------------------------------------------------------
 # Pure codec
 
@@ -223,12 +201,6 @@ def encode_frame(
     if fc.encrypts:
         return header + bytes(fc.seal(header, payload))
     return b"".join((header, payload, fc.seal(header, payload)))
-
-
-def verify_tag(expected: bytes, received: Any, what: str) -> None:
-    """Constant-time tag comparison; AuthError naming ``what`` on mismatch."""
-    if not hmac.compare_digest(expected, bytes(received)):
-        raise AuthError(f"HMAC verification failed for {what} (wrong key or tampered frame)")
 
 
 def check_seq(seq: int, expected: int, what: str) -> None:
@@ -386,7 +358,7 @@ def send_buffers(
 
 def read_frame(
     sock: socket.socket,
-    mac: Mac | ciphers.FrameCipher,
+    fc: ciphers.FrameCipher,
     *,
     expected_seq: int,
     rank: int | None,
@@ -409,11 +381,9 @@ def read_frame(
         )
     if allowed is not None:
         allowed(header)
-    tag_bytes = TAG_BYTES if isinstance(mac, Mac) else mac.tag_bytes
-    rest = bytearray(header.length + tag_bytes)
+    rest = bytearray(header.length + fc.tag_bytes)
     rest_view = memoryview(rest)
     recv_exact(sock, rest_view, rank=rank, peer=peer, deadline=deadline)
-    fc = mac.cipher if isinstance(mac, Mac) else mac
     payload = bytearray(header.length)
     open_payload(fc, bytes(header_buf), rest_view, payload, f"a frame from {who}")
     check_seq(header.seq, expected_seq, who)

@@ -400,7 +400,7 @@ def test_trickling_peer_cannot_outlast_the_deadline():
     t0 = time.monotonic()
     with pytest.raises(PeerTimeout):
         proto.read_frame(
-            b, proto.Mac(KEY), expected_seq=1, rank=None, deadline=time.monotonic() + 0.3
+            b, ciphers.HmacCipher(KEY), expected_seq=1, rank=None, deadline=time.monotonic() + 0.3
         )
     assert time.monotonic() - t0 < 1.0
     stop.set()
