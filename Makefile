@@ -72,16 +72,30 @@ test: test-airflow
 #   jobs/*.py                              the spark-submit entry points
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 DIST_ENV := dist/.env-build
-DIST_ENTRIES := $(filter-out jobs/cli.py,$(shell grep -l '^if __name__ == "__main__":' jobs/*.py))
+DIST_ENTRIES := $(shell grep -l '^if __name__ == "__main__":' jobs/submit/*.py)
+
+# the wheel's files less its .dist-info, with a directory entry per folder: zipimport finds the
+# namespace package terascale (it has no __init__.py) only by its directory entry
+define PYFILES_ZIP
+import sys, zipfile
+src = zipfile.ZipFile(sys.argv[1])
+dst = zipfile.ZipFile(sys.argv[2], "w", zipfile.ZIP_DEFLATED)
+names = [i.filename for i in src.infolist() if ".dist-info/" not in i.filename]
+dirs = {"/".join(n.split("/")[:k]) + "/" for n in names for k in range(1, n.count("/") + 1)}
+[dst.writestr(d, b"") for d in sorted(dirs)]
+[dst.writestr(n, src.read(n)) for n in names]
+dst.close()
+endef
+export PYFILES_ZIP
 
 dist: dist/env.tar.gz dist/terascale-$(VERSION)-py3-none-any.whl
 	@ls -l dist dist/jobs
 
-dist/terascale-$(VERSION)-py3-none-any.whl: $(STAMP) pyproject.toml $(wildcard pipeline/*.py allreduce/*.py solvers/*.py solvers/*/*.py jobs/*.py)
+dist/terascale-$(VERSION)-py3-none-any.whl: $(STAMP) pyproject.toml $(wildcard pipeline/*.py allreduce/*.py solvers/*.py solvers/*/*.py jobs/*.py jobs/*/*.py)
 	rm -rf dist/*.whl dist/terascale-pyfiles.zip dist/jobs build
 	mkdir -p dist/jobs
 	$(PY) -m pip wheel --quiet --no-deps -w dist .
-	$(PY) -c 'import sys, zipfile; src = zipfile.ZipFile(sys.argv[1]); dst = zipfile.ZipFile(sys.argv[2], "w", zipfile.ZIP_DEFLATED); [dst.writestr(i, src.read(i)) for i in src.infolist() if ".dist-info/" not in i.filename]; dst.close()' $@ dist/terascale-pyfiles.zip
+	$(PY) -c "$$PYFILES_ZIP" $@ dist/terascale-pyfiles.zip
 	cp $(DIST_ENTRIES) dist/jobs/
 	rm -rf build
 

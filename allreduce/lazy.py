@@ -12,8 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-
-from allreduce.communicator import Communicator
+from terascale.allreduce.communicator import Communicator
 
 
 class LazyCommunicator(Communicator):

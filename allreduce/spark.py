@@ -25,12 +25,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from allreduce import ciphers
-from allreduce.client import ServerSession, SpareSession
-from allreduce.errors import StandDown
-from allreduce.node import TreeNode
-from allreduce.protocol import new_key
-from allreduce.server import TreeServer
+from terascale.allreduce import ciphers
+from terascale.allreduce.client import ServerSession, SpareSession
+from terascale.allreduce.errors import StandDown
+from terascale.allreduce.node import TreeNode
+from terascale.allreduce.protocol import new_key
+from terascale.allreduce.server import TreeServer
 
 log = logging.getLogger("terascale.allreduce")
 

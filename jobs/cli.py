@@ -16,9 +16,9 @@ import logging
 import sys
 import time
 
-from jobs.config import ConfigError, load_config, render_yaml
-from pipeline.artifacts import OutputError
-from pipeline.redact import RedactingFormatter, redact_text
+from terascale.jobs.config import ConfigError, load_config, render_yaml
+from terascale.pipeline.artifacts import OutputError
+from terascale.pipeline.redact import RedactingFormatter, redact_text
 
 log = logging.getLogger("terascale")
 
@@ -68,7 +68,7 @@ def _resolve(args) -> object:
 
 
 def _spec(cfg):
-    from jobs.config import feature_spec
+    from terascale.jobs.config import feature_spec
 
     return feature_spec(cfg)
 
@@ -78,7 +78,7 @@ def _spec(cfg):
 
 
 def cmd_generate(args) -> int:
-    from pipeline.generate import generate_clicklogs
+    from terascale.pipeline.generate import generate_clicklogs
 
     if args.rows < 0:
         raise UsageError(f"--rows {args.rows}: must be >= 0")
@@ -96,8 +96,8 @@ def cmd_generate(args) -> int:
 
 def featurize(cfg, inputs: list[str], output: str) -> dict:
     """Run the featurize job with a resolved configuration; returns the manifest."""
-    from jobs.session import get_spark
-    from pipeline.spark_featurize import check_output, run_featurize
+    from terascale.jobs.session import get_spark
+    from terascale.pipeline.spark_featurize import check_output, run_featurize
 
     spec = _spec(cfg)
     check_output(inputs, output, cfg.featurize.overwrite)  # before the session starts
@@ -140,8 +140,8 @@ def cmd_featurize(args) -> int:
 
 
 def train(cfg, data_dir: str, model_dir: str) -> dict:
-    from jobs.session import get_spark
-    from jobs.train_job import check_outputs, run_train
+    from terascale.jobs.session import get_spark
+    from terascale.jobs.train_job import check_outputs, run_train
 
     check_outputs(cfg, data_dir, model_dir)  # before the session starts
     return run_train(get_spark(cfg.spark), cfg, data_dir, model_dir)
@@ -184,8 +184,8 @@ def metrics_summary(r: dict) -> str:
 
 
 def evaluate(cfg, data_dir: str, model_dir: str) -> dict:
-    from jobs.scoring import evaluate as run
-    from jobs.session import get_spark
+    from terascale.jobs.scoring import evaluate as run
+    from terascale.jobs.session import get_spark
 
     return run(get_spark(cfg.spark), data_dir, model_dir)
 
@@ -199,7 +199,7 @@ def cmd_evaluate(args) -> int:
     _say(f"evaluated {args.model} on {args.input}")
     print(metrics_summary(r))
     if args.out:
-        from pipeline.fsutil import write_json_atomic
+        from terascale.pipeline.fsutil import write_json_atomic
 
         _check_metrics_out(args.out, args.overwrite)  # again: it may have changed meanwhile
         write_json_atomic(args.out, r)
@@ -209,7 +209,7 @@ def cmd_evaluate(args) -> int:
 
 def _check_metrics_out(path: str, overwrite: bool) -> None:
     """evaluate --out: a new file, or (with --overwrite) a metrics file evaluate wrote before."""
-    from pipeline import artifacts
+    from terascale.pipeline import artifacts
 
     found = artifacts.inspect(path)
     if found.kind == "missing":
@@ -223,8 +223,8 @@ def _check_metrics_out(path: str, overwrite: bool) -> None:
 
 
 def cmd_predict(args) -> int:
-    from jobs.scoring import check_output, predict
-    from jobs.session import get_spark
+    from terascale.jobs.scoring import check_output, predict
+    from terascale.jobs.session import get_spark
 
     cfg = _resolve(args)
     args.model = _model_path(args.model)
@@ -238,8 +238,7 @@ def cmd_predict(args) -> int:
 def cmd_score(args) -> int:
     """Raw lines on stdin -> one score per line on stdout; no Spark (``pipeline.scorer``)."""
     import numpy as np
-
-    from pipeline.scorer import MalformedLine, Scorer
+    from terascale.pipeline.scorer import MalformedLine, Scorer
 
     if args.chunk_mb < 1:
         raise UsageError(f"--chunk-mb {args.chunk_mb}: must be >= 1")
@@ -283,7 +282,7 @@ def cmd_score(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from pipeline.modelinspect import render, top_features
+    from terascale.pipeline.modelinspect import render, top_features
 
     if args.top < 1:
         raise UsageError(f"--top {args.top}: must be >= 1")
@@ -296,7 +295,7 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from jobs.report import build_report
+    from terascale.jobs.report import build_report
 
     path = build_report(args.model, args.eval, args.out)
     _say(f"report written to {path}")
@@ -313,7 +312,7 @@ def cmd_config(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from jobs.demo import run_demo
+    from terascale.jobs.demo import run_demo
 
     return run_demo(args.workdir, args.rows)
 
@@ -326,7 +325,7 @@ def cmd_demo(args) -> int:
 
 def _model_path(path: str) -> str:
     """A model directory unchanged; a pointer file (terascale publish) -> the model it names."""
-    from pipeline.pointer import resolve_model
+    from terascale.pipeline.pointer import resolve_model
 
     model = resolve_model(path)
     if model != path:
@@ -338,7 +337,7 @@ def _warm_start(cfg, optional: str | None):
     """train.init_model with pointers followed; --init-model-if-exists only when the path exists."""
     import dataclasses
 
-    from pipeline import fsutil
+    from terascale.pipeline import fsutil
 
     path = cfg.train.init_model
     if optional:
@@ -357,7 +356,7 @@ def _warm_start(cfg, optional: str | None):
 def _refuse_served_model(model: str, init_model: str) -> None:
     """A re-run must not overwrite the model it warm-starts from: when that is the published
     model, it would be in service before any gate ran. Write each run to a new directory."""
-    from pipeline import fsutil
+    from terascale.pipeline import fsutil
 
     if init_model and fsutil.normalize(init_model).rstrip("/") == fsutil.normalize(model).rstrip("/"):
         raise UsageError(f"--model {model} is the model training warm-starts from (train.init_model "
@@ -367,7 +366,7 @@ def _refuse_served_model(model: str, init_model: str) -> None:
 def cmd_gate(args) -> int:
     import math
 
-    from jobs.quality_gate import run_gate
+    from terascale.jobs.quality_gate import run_gate
 
     if not (math.isfinite(args.max_regression) and args.max_regression >= 0):
         raise UsageError(f"--max-regression {args.max_regression}: must be a finite number >= 0")
@@ -376,8 +375,8 @@ def cmd_gate(args) -> int:
 
 
 def cmd_publish(args) -> int:
-    from jobs.quality_gate import metric_value, read_json
-    from pipeline.pointer import publish
+    from terascale.jobs.quality_gate import metric_value, read_json
+    from terascale.pipeline.pointer import publish
 
     metrics = None
     if args.metrics:
@@ -392,7 +391,7 @@ def cmd_publish(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jobs.quality_gate import MARGINS, METRICS
+    from terascale.jobs.quality_gate import MARGINS, METRICS
 
     p = argparse.ArgumentParser(prog="terascale", description="Large-scale linear learning for click logs on Spark.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -506,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         print(redact_text(f"terascale {args.command}: error: {e}"), file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - the CLI reports every failure as one clear line
-        from pipeline.fsutil import InputError
+        from terascale.pipeline.fsutil import InputError
 
         log.debug("failure", exc_info=True)
         kind = "input error" if isinstance(e, InputError) else "failed"

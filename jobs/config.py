@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from allreduce.ciphers import CIPHERS, DEFAULT_CIPHER
-from pipeline.redact import redact, shown
-from pipeline.sampling import CALIBRATIONS
-from pipeline.spec import MAX_BITS
-from solvers.params import SolverParams
+from terascale.allreduce.ciphers import CIPHERS, DEFAULT_CIPHER
+from terascale.pipeline.redact import redact, shown
+from terascale.pipeline.sampling import CALIBRATIONS
+from terascale.pipeline.spec import MAX_BITS
+from terascale.solvers.params import SolverParams
 
 CRITEO_INT_FIELDS = tuple(f"I{k}" for k in range(1, 14))
 CRITEO_CAT_FIELDS = tuple(f"C{k}" for k in range(1, 27))
@@ -529,7 +528,7 @@ def _owner_field(key: str) -> tuple[Any, dataclasses.Field]:
 
 def feature_spec(cfg: Config):
     """The ``pipeline.spec.FeatureSpec`` the ``featurize`` section describes."""
-    from pipeline.spec import FeatureSpec
+    from terascale.pipeline.spec import FeatureSpec
 
     f = cfg.featurize
     return FeatureSpec(

@@ -16,14 +16,14 @@ import os
 import shutil
 import time
 
-from jobs.config import load_config
+from terascale.jobs.config import load_config
 
 _GENERATED = ("_truth.json", "part-*.tsv", "part-*.tsv.gz", "part-*.prob.npy")
 
 
 def _remove_generated(path: str) -> None:
     """Remove click logs an earlier demo generated; refuse a directory holding anything else."""
-    from pipeline.artifacts import OutputError
+    from terascale.pipeline.artifacts import OutputError
 
     if not os.path.exists(path):
         return
@@ -36,7 +36,7 @@ def _remove_generated(path: str) -> None:
 
 
 def run_demo(workdir: str, rows: int) -> int:
-    from jobs.cli import (
+    from terascale.jobs.cli import (
         evaluate,
         featurize,
         featurize_summary,
@@ -44,8 +44,8 @@ def run_demo(workdir: str, rows: int) -> int:
         train,
         train_summary,
     )
-    from pipeline import fsutil
-    from pipeline.generate import generate_clicklogs
+    from terascale.pipeline import fsutil
+    from terascale.pipeline.generate import generate_clicklogs
 
     workdir = os.path.abspath(workdir)
     raw, raw_test = os.path.join(workdir, "raw"), os.path.join(workdir, "raw-test")
@@ -81,11 +81,11 @@ def run_demo(workdir: str, rows: int) -> int:
     print(metrics_summary(r))
     print(f"  Bayes-optimal       {gt['bayes_logloss']:.6f} (the generator's true probabilities)")
     metrics_path = os.path.join(workdir, "metrics.json")
-    from jobs.cli import _check_metrics_out
+    from terascale.jobs.cli import _check_metrics_out
 
     _check_metrics_out(metrics_path, overwrite=True)
     fsutil.write_json_atomic(metrics_path, r)
-    from jobs.report import build_report
+    from terascale.jobs.report import build_report
 
     report = build_report(model, metrics_path)
     print(f"\nmodel: {model} (weights.npy + metadata.json); metrics: {metrics_path}")

@@ -1,6 +1,6 @@
 """terascale as a pyspark.ml Estimator and Model, for use from your own PySpark code.
 
-    from jobs.ml import TerascaleClassifier, TerascaleModel
+    from terascale.jobs.ml import TerascaleClassifier, TerascaleModel
 
     clf = TerascaleClassifier(workers=2, l2=1e-6, modelDir="models/ctr")
     model = clf.fit(spark.read.parquet("data/train"))     # or clf.fit("data/train")
@@ -39,13 +39,18 @@ from pyspark.ml.util import (
     MLWritable,
     MLWriter,
 )
-
-from jobs.ml_data import dataframe_spec, is_plain_read, parse_spec, source_dataset, write_dataset
-from jobs.ml_params import SchemaParams
-from jobs.train_job import run_train
-from pipeline import fsutil, modeldir
-from pipeline.manifest import read_manifest
-from pipeline.redact import redact, redact_text
+from terascale.jobs.ml_data import (
+    dataframe_spec,
+    is_plain_read,
+    parse_spec,
+    source_dataset,
+    write_dataset,
+)
+from terascale.jobs.ml_params import SchemaParams
+from terascale.jobs.train_job import run_train
+from terascale.pipeline import fsutil, modeldir
+from terascale.pipeline.manifest import read_manifest
+from terascale.pipeline.redact import redact, redact_text
 
 log = logging.getLogger("terascale.ml")
 PARAMS_DIR = "metadata"  # pyspark's params metadata inside a model directory (Pipeline persistence)
@@ -159,9 +164,9 @@ def _score_udf(bc, n_features: int, logistic: bool):
     from pyspark.sql.functions import arrow_udf
 
     def score(indices: pa.Array, values: pa.Array) -> pa.Array:
-        from pipeline.dataset import tables_to_csr
-        from solvers.predict import decision_function, predict_proba
-        from solvers.shard import Shard, find_problem
+        from terascale.pipeline.dataset import tables_to_csr
+        from terascale.solvers.predict import decision_function, predict_proba
+        from terascale.solvers.shard import Shard, find_problem
 
         n = len(indices)
         if not pa.types.is_int32(indices.type.value_type):

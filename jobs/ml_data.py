@@ -21,12 +21,11 @@ from urllib.request import url2pathname
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-
-from jobs.config import ConfigError, feature_spec, load_config
-from pipeline import fsutil
-from pipeline.manifest import MANIFEST, DatasetError, build_manifest, read_manifest
-from pipeline.modeldir import ModelError, same_spec
-from pipeline.spec import FeatureSpec
+from terascale.jobs.config import ConfigError, feature_spec, load_config
+from terascale.pipeline import fsutil
+from terascale.pipeline.manifest import MANIFEST, DatasetError, build_manifest, read_manifest
+from terascale.pipeline.modeldir import ModelError, same_spec
+from terascale.pipeline.spec import FeatureSpec
 
 
 def _local(uri: str) -> str:

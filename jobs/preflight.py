@@ -47,7 +47,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from jobs.config import ConfigError
+from terascale.jobs.config import ConfigError
 
 MIB = 1 << 20
 BASELINE_BYTES = 448 * MIB  # one Python worker's RSS before its shard (see module docstring)

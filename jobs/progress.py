@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from pipeline import durable, fsutil
+from terascale.pipeline import durable, fsutil
 
 log = logging.getLogger("terascale.train")
 

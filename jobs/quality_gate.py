@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 
-from pipeline import fsutil
-from pipeline.pointer import POINTER_FORMAT
+from terascale.pipeline import fsutil
+from terascale.pipeline.pointer import POINTER_FORMAT
 
 METRICS = ("logloss", "normalized_entropy")
 MARGINS = ("relative", "absolute")

@@ -22,9 +22,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from pipeline import modeldir  # noqa: E402
-from pipeline.redact import redact  # noqa: E402
+from terascale.pipeline import modeldir  # noqa: E402
+from terascale.pipeline.redact import redact  # noqa: E402
 
 PLOTS = ("objective_by_pass", "objective_by_time", "rank_timings", "roc", "precision_recall", "calibration")
 

@@ -26,9 +26,8 @@ one that stands down never reaches the collective.
 from __future__ import annotations
 
 import numpy as np
-
-from allreduce.communicator import Communicator, WrappedCommunicator
-from jobs.checkpoint import CheckpointError
+from terascale.allreduce.communicator import Communicator, WrappedCommunicator
+from terascale.jobs.checkpoint import CheckpointError
 
 SLOTS = 4  # passes reported per rank, newest first (a writer keeps two)
 

@@ -19,14 +19,13 @@ import uuid
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from pipeline import artifacts, fsutil, modeldir
-from pipeline.dataset import ShardPart, plan_shards, read_csr
-from pipeline.manifest import MANIFEST, read_manifest
-from pipeline.pointer import resolve_model
-from pipeline.redact import redact_text
-from pipeline.sampling import dataset_negative_rate, logit_shift, model_negative_rate
-from pipeline.verify import catching, raise_bad_files, read_row_groups
+from terascale.pipeline import artifacts, fsutil, modeldir
+from terascale.pipeline.dataset import ShardPart, plan_shards, read_csr
+from terascale.pipeline.manifest import MANIFEST, read_manifest
+from terascale.pipeline.pointer import resolve_model
+from terascale.pipeline.redact import redact_text
+from terascale.pipeline.sampling import dataset_negative_rate, logit_shift, model_negative_rate
+from terascale.pipeline.verify import catching, raise_bad_files, read_row_groups
 
 log = logging.getLogger("terascale.scoring")
 _MODEL_CACHE: dict[str, tuple[np.ndarray, float, str, float]] = {}
@@ -42,7 +41,7 @@ def _model(model_dir: str) -> tuple[np.ndarray, float, str]:
 
 
 def _scores(csr, model_dir: str, calibration: str = "population") -> np.ndarray:
-    from solvers.predict import decision_function, predict_proba
+    from terascale.solvers.predict import decision_function, predict_proba
 
     w, b, loss, rate = _model(model_dir)
     if loss != "logistic":
@@ -70,7 +69,7 @@ def _groups(spark, data_dir: str, manifest: dict) -> list[list[ShardPart]]:
 def evaluate(spark, data_dir: str, model_dir: str) -> dict:
     """Metrics of the model (a directory, or a pointer to one) on a featurized dataset
     (logistic models: probabilities)."""
-    from solvers.metrics import BinaryMetrics
+    from terascale.solvers.metrics import BinaryMetrics
 
     model_dir = resolve_model(model_dir)
 

@@ -27,7 +27,7 @@ import logging
 import os
 import sys
 
-from pipeline.redact import shown, spark_redaction_settings
+from terascale.pipeline.redact import shown, spark_redaction_settings
 
 log = logging.getLogger("terascale")
 
@@ -107,8 +107,7 @@ def _executor_defaults() -> dict[str, str]:
     keep numba's compiled kernels across applications (``pipeline.numba_cache``), and
     :data:`EXECUTOR_ENV`; and ``spark.redaction.regex``, the submitter's extended."""
     from pyspark import SparkConf, SparkContext
-
-    from pipeline.numba_cache import LOCATORS
+    from terascale.pipeline.numba_cache import LOCATORS
 
     SparkContext._ensure_initialized()  # the gateway spark-submit started: its --conf values
     submitted = SparkConf()

@@ -15,19 +15,19 @@ import logging
 import time
 import uuid
 
-from allreduce.spark import BarrierError, NetConf, run_barrier
-from jobs import checkpoint, preflight
-from jobs.config import Config, to_dict
-from jobs.progress import ProgressMonitor
-from jobs.run_checkpoints import RunCheckpoints
-from jobs.train_task import Inject, TaskSpec, run_train_task
-from pipeline import artifacts, fsutil, modeldir
-from pipeline.dataset import plan_shards
-from pipeline.manifest import MANIFEST, DatasetError, read_manifest
-from pipeline.pointer import resolve_model, served_by
-from pipeline.sampling import dataset_negative_rate
-from pipeline.spec import check_bits
-from solvers.params import SolverParams
+from terascale.allreduce.spark import BarrierError, NetConf, run_barrier
+from terascale.jobs import checkpoint, preflight
+from terascale.jobs.config import Config, to_dict
+from terascale.jobs.progress import ProgressMonitor
+from terascale.jobs.run_checkpoints import RunCheckpoints
+from terascale.jobs.train_task import Inject, TaskSpec, run_train_task
+from terascale.pipeline import artifacts, fsutil, modeldir
+from terascale.pipeline.dataset import plan_shards
+from terascale.pipeline.manifest import MANIFEST, DatasetError, read_manifest
+from terascale.pipeline.pointer import resolve_model, served_by
+from terascale.pipeline.sampling import dataset_negative_rate
+from terascale.pipeline.spec import check_bits
+from terascale.solvers.params import SolverParams
 
 log = logging.getLogger("terascale.train")
 

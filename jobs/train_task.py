@@ -15,18 +15,18 @@ import os
 import time
 from dataclasses import dataclass
 
-from allreduce.lazy import LazyCommunicator
-from jobs import checkpoint
-from jobs import progress as progress_file
-from jobs.resume import ResumeAgreement, ResumeRestart
-from pipeline import fsutil, modeldir
-from pipeline.dataset import ShardPart, read_csr
-from pipeline.groups import load_map
-from solvers.api import train
-from solvers.params import SolverParams
-from solvers.registry import RESUME_CHECKS
-from solvers.state import check_resume
-from solvers.warmup import start_warm_up
+from terascale.allreduce.lazy import LazyCommunicator
+from terascale.jobs import checkpoint
+from terascale.jobs import progress as progress_file
+from terascale.jobs.resume import ResumeAgreement, ResumeRestart
+from terascale.pipeline import fsutil, modeldir
+from terascale.pipeline.dataset import ShardPart, read_csr
+from terascale.pipeline.groups import load_map
+from terascale.solvers.api import train
+from terascale.solvers.params import SolverParams
+from terascale.solvers.registry import RESUME_CHECKS
+from terascale.solvers.state import check_resume
+from terascale.solvers.warmup import start_warm_up
 
 PROGRESS_EVERY_S = 2.0
 
@@ -144,7 +144,7 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
         init = (w, b)
     groups = load_map(spec.groups_path, spec.n_features) if spec.groups_path else None
     if spec.params.device != "cpu":
-        from solvers.scd.gpu import select_device
+        from terascale.solvers.scd.gpu import select_device
 
         select_device(ctx.gpu_address)
     ctx.heartbeat(0)

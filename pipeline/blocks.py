@@ -12,19 +12,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
-
-from pipeline import fsutil
-from pipeline.criteo_kernel import (
+from terascale.pipeline import fsutil
+from terascale.pipeline.criteo_kernel import (
     build_int_table,
     count_separators,
     field_id,
     field_prefixes,
     parse_criteo_block,
 )
-from pipeline.groups import token_groups
-from pipeline.libsvm_kernel import parse_libsvm_block
-from pipeline.rowkernels import POW10, count_lines
-from pipeline.spec import FeatureSpec
+from terascale.pipeline.groups import token_groups
+from terascale.pipeline.libsvm_kernel import parse_libsvm_block
+from terascale.pipeline.rowkernels import POW10, count_lines
+from terascale.pipeline.spec import FeatureSpec
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,8 @@ import math
 
 import numpy as np
 from numba import njit
-
-from pipeline.hashing import murmur3_32
-from pipeline.rowkernels import (
+from terascale.pipeline.hashing import murmur3_32
+from terascale.pipeline.rowkernels import (
     BAD_INTEGER,
     BAD_LABEL,
     EMPTY_LINE,

@@ -12,11 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-
-from pipeline import fsutil
-from pipeline.manifest import MANIFEST, dataset_files, read_manifest
-from pipeline.verify import Footer, check_footers, read_row_groups
-from solvers.data import CSRData
+from terascale.pipeline import fsutil
+from terascale.pipeline.manifest import MANIFEST, dataset_files, read_manifest
+from terascale.pipeline.verify import Footer, check_footers, read_row_groups
+from terascale.solvers.data import CSRData
 
 COLUMNS = ["label", "weight", "indices", "values"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import uuid
 
-from pipeline import fsutil
+from terascale.pipeline import fsutil
 
 
 def is_local(path: str) -> bool:

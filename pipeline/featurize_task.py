@@ -14,11 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from pipeline import fsutil, groups, sampling, tokendict
-from pipeline.blocks import BlockParser, LongLine, Piece, iter_blocks
-from pipeline.rowkernels import LINE_TOO_LONG, REASONS
-from pipeline.spec import FeatureSpec
+from terascale.pipeline import fsutil, groups, sampling, tokendict
+from terascale.pipeline.blocks import BlockParser, LongLine, Piece, iter_blocks
+from terascale.pipeline.rowkernels import LINE_TOO_LONG, REASONS
+from terascale.pipeline.spec import FeatureSpec
 
 OUTPUT_SCHEMA = pa.schema(
     [

@@ -116,8 +116,8 @@ def write_json_atomic(path: str, obj: dict) -> None:
     (``pipeline.durable.write_bytes``): readers see the old file or the new one, after a crash too.
     Every JSON file a job writes goes through here and is stored redacted (``pipeline.redact``:
     secret keys and URI credentials as ``***``)."""
-    from pipeline import durable  # durable builds on this module
-    from pipeline.redact import redact
+    from terascale.pipeline import durable  # durable builds on this module
+    from terascale.pipeline.redact import redact
 
     obj = redact(obj)
     durable.write_bytes(path, json.dumps(obj, indent=2, sort_keys=False).encode("utf-8") + b"\n")

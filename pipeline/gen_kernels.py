@@ -20,8 +20,7 @@ import math
 
 import numpy as np
 from numba import njit
-
-from pipeline.rowkernels import write_int
+from terascale.pipeline.rowkernels import write_int
 
 MASK32 = 0xFFFFFFFF
 WORDS_PER_ROW = 40  # 13 integer fields + 26 categorical fields + 1 label draw

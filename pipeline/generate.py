@@ -89,9 +89,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from pipeline import gen_kernels as K
-from pipeline.spec import bucket
+from terascale.pipeline import gen_kernels as K
+from terascale.pipeline.spec import bucket
 
 GENERATOR_VERSION = 1
 INT_FIELDS = tuple(f"I{k}" for k in range(1, 14))

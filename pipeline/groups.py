@@ -18,11 +18,10 @@ from __future__ import annotations
 import uuid
 
 import numpy as np
-
-from pipeline import fsutil
-from pipeline.manifest import DatasetError
-from pipeline.spec import FeatureSpec
-from solvers.data import NO_GROUP  # no row of the dataset has this bucket
+from terascale.pipeline import fsutil
+from terascale.pipeline.manifest import DatasetError
+from terascale.pipeline.spec import FeatureSpec
+from terascale.solvers.data import NO_GROUP  # no row of the dataset has this bucket
 
 GROUPS_FILE = "_groups.npy"
 TASK_GROUPS_FILE = "groups.npy"  # a task's own map, inside its attempt directory

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
-
-from pipeline.rowkernels import (
+from terascale.pipeline.rowkernels import (
     BAD_LABEL,
     EMPTY_LINE,
     INDEX_OUT_OF_RANGE,

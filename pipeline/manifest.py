@@ -9,8 +9,8 @@ from __future__ import annotations
 import datetime as _dt
 from importlib import metadata
 
-from pipeline import artifacts, fsutil, sampling
-from pipeline.spec import FeatureSpec
+from terascale.pipeline import artifacts, fsutil, sampling
+from terascale.pipeline.spec import FeatureSpec
 
 MANIFEST = "_manifest.json"
 QUARANTINE_DIR = "_quarantine"

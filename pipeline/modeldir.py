@@ -13,10 +13,9 @@ import json
 import uuid
 
 import numpy as np
-
-from pipeline import artifacts, fsutil
-from pipeline.manifest import terascale_version
-from pipeline.redact import redact
+from terascale.pipeline import artifacts, fsutil
+from terascale.pipeline.manifest import terascale_version
+from terascale.pipeline.redact import redact
 
 MODEL_FORMAT = 1
 WEIGHTS = "weights.npy"

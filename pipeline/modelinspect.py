@@ -13,10 +13,9 @@ dictionary is a :class:`~pipeline.modeldir.ModelError`), False lists buckets onl
 from __future__ import annotations
 
 import numpy as np
-
-from pipeline import fsutil, modeldir, tokendict
-from pipeline.pointer import resolve_model
-from pipeline.sampling import model_negative_rate
+from terascale.pipeline import fsutil, modeldir, tokendict
+from terascale.pipeline.pointer import resolve_model
+from terascale.pipeline.sampling import model_negative_rate
 
 
 def top_features(model: str, top: int, names: bool | None = None) -> dict:

@@ -5,17 +5,17 @@ file. On a cluster terascale's code arrives per application (``--py-files`` zip,
 ``--archives`` environment unpacked into the application's work directory), so every path is
 new, every executor of every application recompiles every kernel (tens of seconds of CPU per
 executor), and stale caches pile up. :class:`StableLocator` keys the cache on the module's
-import name instead (``pipeline.hashing`` -> ``<root>/pipeline/hashing``) and on one hash of
-the sources of every module of its top-level package, read through the package's resources
+import name instead (``terascale.pipeline.hashing`` -> ``<root>/terascale/pipeline/hashing``) and on one hash
+of the sources of every module of terascale's packages, read through the package's resources
 (files or zip archives alike): the same code finds the same cache in the next application on
-that node, and any change to the package misses it. A package-wide hash, not the module's own:
+that node, and any change to terascale misses it. A namespace-wide hash, not the module's own:
 numba compiles the kernels a kernel calls into its cached code (``criteo_kernel`` embeds
 ``hashing.murmur3_32``), so a change to a callee must invalidate its callers too.
 
 Enable it in a process before numba compiles anything (spark-submit jobs set it for their
 executors, see ``jobs.session``)::
 
-    NUMBA_CACHE_LOCATOR_CLASSES=pipeline.numba_cache.StableLocator,InTreeCacheLocator,UserWideCacheLocator,ZipCacheLocator
+    NUMBA_CACHE_LOCATOR_CLASSES=terascale.pipeline.numba_cache.StableLocator,InTreeCacheLocator,UserWideCacheLocator,ZipCacheLocator
     NUMBA_CACHE_DIR=/local/disk/numba-cache   # optional; default ~/.cache/terascale/numba
 
 The other names keep numba's usual locators as fall-backs (e.g. when the cache root is not
@@ -31,7 +31,7 @@ import os
 
 from numba.core.caching import _CacheLocator
 
-LOCATORS = "pipeline.numba_cache.StableLocator,InTreeCacheLocator,UserWideCacheLocator,ZipCacheLocator"
+LOCATORS = "terascale.pipeline.numba_cache.StableLocator,InTreeCacheLocator,UserWideCacheLocator,ZipCacheLocator"
 DEFAULT_ROOT = os.path.join("~", ".cache", "terascale", "numba")
 
 
@@ -60,6 +60,21 @@ def package_digest(top: str) -> str | None:
     return h.hexdigest()
 
 
+#: terascale's packages: a kernel may call njit code of any of them (the scorer in pipeline runs
+#: the solvers' prediction kernels), so the stamp covers them all.
+PACKAGES = ("terascale.pipeline", "terascale.allreduce", "terascale.solvers", "terascale.jobs")
+
+
+def namespace_digest(module_name: str) -> str | None:
+    """The stamp of a module: all of terascale's packages for its modules, else its top package."""
+    if module_name.startswith("terascale."):
+        parts = [package_digest(p) for p in PACKAGES]
+        if None in parts:
+            return None
+        return hashlib.sha256("".join(parts).encode()).hexdigest()
+    return package_digest(module_name.split(".")[0])
+
+
 class StableLocator(_CacheLocator):
     """Cache directory by module name, freshness by source content (see the module docstring)."""
 
@@ -83,7 +98,7 @@ class StableLocator(_CacheLocator):
         if "." not in name:  # scripts and top-level modules: numba's own locators
             return None
         try:
-            stamp = package_digest(name.split(".")[0])
+            stamp = namespace_digest(name)
         except OSError:
             return None
         if stamp is None:

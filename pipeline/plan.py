@@ -12,7 +12,7 @@ import heapq
 import math
 from dataclasses import dataclass
 
-from pipeline.fsutil import InputFile
+from terascale.pipeline.fsutil import InputFile
 
 GZIP_EXPANSION = 4.0  # estimated decompressed / compressed size of click logs
 OUTPUT_RATIO = {"criteo": 0.65, "libsvm": 0.8}  # estimated Parquet bytes / text bytes

@@ -21,9 +21,8 @@ from __future__ import annotations
 import datetime as dt
 
 import numpy as np
-
-from pipeline import fsutil, modeldir
-from pipeline.redact import redact_text
+from terascale.pipeline import fsutil, modeldir
+from terascale.pipeline.redact import redact_text
 
 POINTER_FORMAT = 1
 
@@ -105,7 +104,7 @@ def publish(model_dir: str, pointer: str, metrics: dict | None = None) -> dict:
         raise modeldir.ModelError(f"refusing to publish: {e}") from None
     previous = None
     if fsutil.exists(pointer):
-        from pipeline.artifacts import OutputError
+        from terascale.pipeline.artifacts import OutputError
 
         if not is_file(pointer):
             raise OutputError(f"--pointer {pointer}: exists and is a directory, not a model pointer; refusing to replace it")

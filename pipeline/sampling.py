@@ -45,7 +45,9 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 
 def file_key(uri: str, seed: int) -> int:
     """murmur3_32 of the file's URI (UTF-8) with ``seed``: the file's part of the decision."""
-    from pipeline.hashing import hash_tokens  # numba: imported only where rows are sampled
+    from terascale.pipeline.hashing import (
+        hash_tokens,  # numba: imported only where rows are sampled
+    )
     return int(hash_tokens([uri.encode("utf-8")], int(seed))[0])
 
 

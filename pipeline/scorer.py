@@ -27,15 +27,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-
-from pipeline import modeldir
-from pipeline.blocks import BlockParser
-from pipeline.pointer import resolve_model
-from pipeline.rowkernels import REASONS
-from pipeline.sampling import logit_shift, model_negative_rate
-from pipeline.spec import FeatureSpec
-from solvers.data import CSRData
-from solvers.predict import decision_function, sigmoid
+from terascale.pipeline import modeldir
+from terascale.pipeline.blocks import BlockParser
+from terascale.pipeline.pointer import resolve_model
+from terascale.pipeline.rowkernels import REASONS
+from terascale.pipeline.sampling import logit_shift, model_negative_rate
+from terascale.pipeline.spec import FeatureSpec
+from terascale.solvers.data import CSRData
+from terascale.solvers.predict import decision_function, sigmoid
 
 
 class MalformedLine(ValueError):

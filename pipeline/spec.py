@@ -29,7 +29,7 @@ MAX_BITS = 30
 
 def check_bits(bits: object, what: str) -> int:
     """``bits`` as an int in [1, MAX_BITS]; else a ValueError naming ``what`` and the limit."""
-    from pipeline.manifest import DatasetError
+    from terascale.pipeline.manifest import DatasetError
 
     if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= MAX_BITS:
         raise DatasetError(f"{what} = {bits!r}: must be an integer in [1, {MAX_BITS}] (2^bits features, "

@@ -30,10 +30,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
-
-from pipeline import fsutil
-from pipeline.sampling import _mix64
-from pipeline.spec import FeatureSpec, int_token
+from terascale.pipeline import fsutil
+from terascale.pipeline.sampling import _mix64
+from terascale.pipeline.spec import FeatureSpec, int_token
 
 TOKENS_FILE = "_tokens.parquet"
 TASK_TOKENS_FILE = "tokens.parquet"
@@ -151,7 +150,9 @@ class TokenSample:
 
 def hash_arrow_strings(arr: pa.Array, seed: int) -> np.ndarray:
     """murmur3_32 (``mmh3.hash`` semantics, unsigned) of each string of an Arrow string array, as int64."""
-    from pipeline.hashing import hash_buffers  # numba: imported only where a dictionary is built
+    from terascale.pipeline.hashing import (
+        hash_buffers,  # numba: imported only where a dictionary is built
+    )
 
     arr = pa.concat_arrays([arr.cast(pa.large_string())])  # offset 0, int64 offsets
     n = len(arr)

@@ -29,9 +29,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from pipeline import fsutil
-from pipeline.manifest import DatasetError
+from terascale.pipeline import fsutil
+from terascale.pipeline.manifest import DatasetError
 
 REQUIRED_COLUMNS = ("label", "indices")
 ERROR_KEY = "__terascale_data_file_error__"  # a scoring task's result that reports a bad file

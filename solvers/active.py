@@ -22,9 +22,14 @@ float32 per feature (1.1 MB instead of 16.8 MB at bits 22, K = 2).
 from __future__ import annotations
 
 import numpy as np
-
-from allreduce.communicator import Communicator
-from solvers.kernels.features import count_features, pack_marks, renumber, scatter_ids, unpack_marks
+from terascale.allreduce.communicator import Communicator
+from terascale.solvers.kernels.features import (
+    count_features,
+    pack_marks,
+    renumber,
+    scatter_ids,
+    unpack_marks,
+)
 
 
 def _word_layout(n_ranks: int) -> tuple[int, int, type]:

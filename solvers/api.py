@@ -1,6 +1,6 @@
 """Public entry point of the solvers: ``train(data, comm, params, ...) -> TrainResult``.
 
-    from solvers.api import SolverParams, train
+    from terascale.solvers.api import SolverParams, train
     result = train(shard, comm, SolverParams(solver="hybrid", l2=1e-6), holdout=held_out)
 
 Every rank calls ``train`` with its own shard and the same parameters. The solver is looked up
@@ -16,22 +16,21 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
-import solvers.cocoa_solver  # noqa: F401 - registers "cocoa"
-import solvers.hybrid  # noqa: F401 - registers "hybrid"
-import solvers.lbfgs  # noqa: F401 - registers "lbfgs"
-import solvers.online  # noqa: F401 - registers "online"
-from allreduce.communicator import Communicator
-from solvers.data import NO_GROUP, CSRData
-from solvers.errors import NonFiniteInputError
-from solvers.kernels.losses import LOSS_IDS
-from solvers.objective import DistributedObjective
-from solvers.params import SolverParams
-from solvers.registry import RESUME_CHECKS, SOLVERS, get_solver, register_solver
-from solvers.run import TrainResult, TrainRun, rows_reporter
-from solvers.setup import AgreeingCommunicator, Inputs
-from solvers.state import check_resume
-from solvers.tracker import PassTracker
+import terascale.solvers.cocoa_solver  # noqa: F401 - registers "cocoa"
+import terascale.solvers.hybrid  # noqa: F401 - registers "hybrid"
+import terascale.solvers.lbfgs  # noqa: F401 - registers "lbfgs"
+import terascale.solvers.online  # noqa: F401 - registers "online"
+from terascale.allreduce.communicator import Communicator
+from terascale.solvers.data import NO_GROUP, CSRData
+from terascale.solvers.errors import NonFiniteInputError
+from terascale.solvers.kernels.losses import LOSS_IDS
+from terascale.solvers.objective import DistributedObjective
+from terascale.solvers.params import SolverParams
+from terascale.solvers.registry import RESUME_CHECKS, SOLVERS, get_solver, register_solver
+from terascale.solvers.run import TrainResult, TrainRun, rows_reporter
+from terascale.solvers.setup import AgreeingCommunicator, Inputs
+from terascale.solvers.state import check_resume
+from terascale.solvers.tracker import PassTracker
 
 __all__ = ["SOLVERS", "SolverParams", "TrainResult", "TrainRun", "register_solver", "train"]
 

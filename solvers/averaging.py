@@ -29,9 +29,8 @@ the bytes of the online phase's only large collective.
 from __future__ import annotations
 
 import numpy as np
-
-from allreduce.communicator import Communicator
-from solvers.kernels.online import pack_for_average, unpack_average
+from terascale.allreduce.communicator import Communicator
+from terascale.solvers.kernels.online import pack_for_average, unpack_average
 
 
 def average_online_state(comm: Communicator, state: np.ndarray, ids: np.ndarray, local_bad: bool) -> int:

@@ -15,12 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
-from solvers.errors import InvalidInputError
-from solvers.params import SolverParams
-from solvers.registry import register_solver
-from solvers.run import TrainResult, TrainRun
-from solvers.scd import CocoaParams, CocoaState, train_cocoa
+from terascale.solvers.errors import InvalidInputError
+from terascale.solvers.params import SolverParams
+from terascale.solvers.registry import register_solver
+from terascale.solvers.run import TrainResult, TrainRun
+from terascale.solvers.scd import CocoaParams, CocoaState, train_cocoa
 
 STATE_KIND = "cocoa"
 
@@ -67,7 +66,7 @@ def solve_cocoa(run: TrainRun) -> TrainResult:
     if run.params.device == "cpu" or run.params.partition == "redeal":
         res = train_cocoa(run.inputs.train, run.comm, cocoa_params(run.params), on_round_end=on_round, resume=resume)
     else:
-        from solvers.scd.gpu import gpu_available, train_cocoa_gpu
+        from terascale.solvers.scd.gpu import gpu_available, train_cocoa_gpu
 
         ok, reason = gpu_available()
         if not ok and run.params.device == "gpu":

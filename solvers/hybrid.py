@@ -7,10 +7,10 @@ set without a collective of its own.
 
 from __future__ import annotations
 
-from solvers.lbfgs import lbfgs_from, lbfgs_resume
-from solvers.online import OnlineLearner, resumed_stop, run_online_phase
-from solvers.registry import register_solver
-from solvers.run import TrainResult, TrainRun
+from terascale.solvers.lbfgs import lbfgs_from, lbfgs_resume
+from terascale.solvers.online import OnlineLearner, resumed_stop, run_online_phase
+from terascale.solvers.registry import register_solver
+from terascale.solvers.run import TrainResult, TrainRun
 
 
 @register_solver("hybrid")

@@ -39,17 +39,16 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from solvers.active import ActiveFeatures
-from solvers.errors import DivergenceError, InvalidInputError
-from solvers.kernels.losses import HINGE
-from solvers.kernels.vector import dot, norm2
-from solvers.lbfgs_memory import LBFGSMemory
-from solvers.linesearch import strong_wolfe
-from solvers.local_table import LocalTable
-from solvers.objective import DistributedObjective
-from solvers.online import resumed_stop
-from solvers.preconditioner import (
+from terascale.solvers.active import ActiveFeatures
+from terascale.solvers.errors import DivergenceError, InvalidInputError
+from terascale.solvers.kernels.losses import HINGE
+from terascale.solvers.kernels.vector import dot, norm2
+from terascale.solvers.lbfgs_memory import LBFGSMemory
+from terascale.solvers.linesearch import strong_wolfe
+from terascale.solvers.local_table import LocalTable
+from terascale.solvers.objective import DistributedObjective
+from terascale.solvers.online import resumed_stop
+from terascale.solvers.preconditioner import (
     Jacobi,
     TwoLevel,
     coarse_matrix,
@@ -57,8 +56,8 @@ from solvers.preconditioner import (
     from_state,
     jacobi_inverse,
 )
-from solvers.registry import register_solver
-from solvers.run import TrainResult, TrainRun
+from terascale.solvers.registry import register_solver
+from terascale.solvers.run import TrainResult, TrainRun
 
 
 @dataclass

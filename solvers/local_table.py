@@ -22,12 +22,11 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-
-from solvers.active import ActiveFeatures
-from solvers.kernels import coarse as KC
-from solvers.kernels import objective as K
-from solvers.kernels.features import load_column, number_by_first_use, store_column
-from solvers.shard import Shard
+from terascale.solvers.active import ActiveFeatures
+from terascale.solvers.kernels import coarse as KC
+from terascale.solvers.kernels import objective as K
+from terascale.solvers.kernels.features import load_column, number_by_first_use, store_column
+from terascale.solvers.shard import Shard
 
 
 class LocalTable:

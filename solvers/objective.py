@@ -16,15 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-
-from allreduce.communicator import Communicator
-from solvers.errors import DivergenceError
-from solvers.kernels import objective as K
-from solvers.kernels.sampling import sample_stride
-from solvers.kernels.vector import axpy, dot
-from solvers.local_table import LocalTable
-from solvers.setup import Inputs
-from solvers.shard import Shard
+from terascale.allreduce.communicator import Communicator
+from terascale.solvers.errors import DivergenceError
+from terascale.solvers.kernels import objective as K
+from terascale.solvers.kernels.sampling import sample_stride
+from terascale.solvers.kernels.vector import axpy, dot
+from terascale.solvers.local_table import LocalTable
+from terascale.solvers.setup import Inputs
+from terascale.solvers.shard import Shard
 
 EMPTY = np.zeros(0, dtype=np.float64)
 #: Rows per kernel call; ``on_rows(rows_done)`` is called after each (progress heartbeats).

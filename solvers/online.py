@@ -16,12 +16,11 @@ raises DivergenceError on every rank.
 from __future__ import annotations
 
 import numpy as np
-
-from solvers.active import ActiveFeatures, agree_marks
-from solvers.averaging import average_online_state
-from solvers.errors import DivergenceError
-from solvers.kernels.features import mark_features
-from solvers.kernels.online import (
+from terascale.solvers.active import ActiveFeatures, agree_marks
+from terascale.solvers.averaging import average_online_state
+from terascale.solvers.errors import DivergenceError
+from terascale.solvers.kernels.features import mark_features
+from terascale.solvers.kernels.online import (
     BAD_MARGIN,
     OK,
     G,
@@ -32,9 +31,9 @@ from solvers.kernels.online import (
     restore_normalizers,
     zero_model_loss_sum,
 )
-from solvers.objective import row_chunks
-from solvers.registry import register_solver
-from solvers.run import TrainResult, TrainRun
+from terascale.solvers.objective import row_chunks
+from terascale.solvers.registry import register_solver
+from terascale.solvers.run import TrainResult, TrainRun
 
 EXPLODING_FACTOR = 1e6
 

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from solvers.kernels.losses import LOSS_IDS
+from terascale.solvers.kernels.losses import LOSS_IDS
 
 
 @dataclass(frozen=True)

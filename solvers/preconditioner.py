@@ -25,12 +25,11 @@ LDLᵀ with pivots floored at 1e-12·max E_gg) and applies the same arithmetic: 
 from __future__ import annotations
 
 import numpy as np
-
-from allreduce.communicator import Communicator
-from solvers.data import NO_GROUP
-from solvers.kernels import coarse as C
-from solvers.kernels.sampling import sample_stride
-from solvers.kernels.vector import weighted_dot
+from terascale.allreduce.communicator import Communicator
+from terascale.solvers.data import NO_GROUP
+from terascale.solvers.kernels import coarse as C
+from terascale.solvers.kernels.sampling import sample_stride
+from terascale.solvers.kernels.vector import weighted_dot
 
 _DIAG_FLOOR = 1e-12
 #: Rows per rank the coarse matrix is estimated from (at least; every row below twice this).

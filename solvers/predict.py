@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-
-from solvers.data import CSRData
-from solvers.kernels.objective import margins
-from solvers.shard import Shard
+from terascale.solvers.data import CSRData
+from terascale.solvers.kernels.objective import margins
+from terascale.solvers.shard import Shard
 
 
 def decision_function(data: CSRData, weights: np.ndarray, intercept: float) -> np.ndarray:

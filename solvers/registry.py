@@ -5,7 +5,7 @@ validated data, the communicator, the parameters, the distributed objective, the
 (history, timings, held-out loss, early stopping, checkpoints) and the resume state. Register
 one with::
 
-    from solvers.registry import register_solver
+    from terascale.solvers.registry import register_solver
 
     @register_solver("cocoa")
     def train_cocoa(run): ...

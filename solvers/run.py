@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from allreduce.communicator import Communicator
-from solvers.objective import DistributedObjective
-from solvers.params import SolverParams
-from solvers.setup import Inputs
-from solvers.state import build_state
-from solvers.tracker import PassTracker
+from terascale.allreduce.communicator import Communicator
+from terascale.solvers.objective import DistributedObjective
+from terascale.solvers.params import SolverParams
+from terascale.solvers.setup import Inputs
+from terascale.solvers.state import build_state
+from terascale.solvers.tracker import PassTracker
 
 
 def rows_reporter(progress: Callable[[int, int], Any] | None,

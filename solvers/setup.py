@@ -16,11 +16,10 @@ rank is left waiting in a collective. It also yields the totals of the mean-form
 from __future__ import annotations
 
 import numpy as np
-
-from allreduce.communicator import Communicator, WrappedCommunicator
-from solvers.data import CSRData
-from solvers.errors import InvalidInputError, NonFiniteInputError
-from solvers.shard import Shard, find_problem
+from terascale.allreduce.communicator import Communicator, WrappedCommunicator
+from terascale.solvers.data import CSRData
+from terascale.solvers.errors import InvalidInputError, NonFiniteInputError
+from terascale.solvers.shard import Shard, find_problem
 
 _OK, _NON_FINITE, _INVALID = 0.0, 1.0, 2.0
 _SLOTS = 4

@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from solvers.data import CSRData
-from solvers.errors import InvalidInputError, NonFiniteInputError
+from terascale.solvers.data import CSRData
+from terascale.solvers.errors import InvalidInputError, NonFiniteInputError
 
 _MAX_FEATURES = 2**31 - 1  # indices are int32
 

@@ -22,8 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
-from solvers.params import SolverParams
+from terascale.solvers.params import SolverParams
 
 #: 2: the L-BFGS phase's arrays (``lbfgs_S``/``lbfgs_Y``/``lbfgs_grad``/``lbfgs_inv_diag``) are
 #: over its active features (``lbfgs_active``, see :mod:`solvers.active`); 1: over all features

@@ -28,11 +28,10 @@ import time
 from typing import Any
 
 import numpy as np
-
-from allreduce.communicator import Communicator
-from solvers.errors import DivergenceError
-from solvers.objective import shard_sums
-from solvers.setup import Inputs
+from terascale.allreduce.communicator import Communicator
+from terascale.solvers.errors import DivergenceError
+from terascale.solvers.objective import shard_sums
+from terascale.solvers.setup import Inputs
 
 
 def _json_float(v: Any) -> float | None:

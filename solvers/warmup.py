@@ -17,10 +17,9 @@ import logging
 import threading
 
 import numpy as np
-
-from allreduce.communicator import LocalCommunicator
-from solvers.data import CSRData
-from solvers.params import SolverParams
+from terascale.allreduce.communicator import LocalCommunicator
+from terascale.solvers.data import CSRData
+from terascale.solvers.params import SolverParams
 
 log = logging.getLogger("terascale.warmup")
 
@@ -43,7 +42,7 @@ def warm_up(params: SolverParams, holdout_period: int = 0, groups: bool = False)
     """Train ``params``' solver for a few passes on :func:`tiny_problem` (one process), with
     held-out rows and a group map when the real run has them, so each kernel it will call is
     loaded."""
-    from solvers.api import train  # the registry of solvers, plugins included
+    from terascale.solvers.api import train  # the registry of solvers, plugins included
 
     data, holdout = tiny_problem().split_holdout(holdout_period)
     gmap = (np.arange(_FEATURES) % 3).astype(np.uint8) if groups else None

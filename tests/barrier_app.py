@@ -14,8 +14,7 @@ import sys
 import time
 
 import numpy as np
-
-from allreduce.spark import NetConf, run_barrier
+from terascale.allreduce.spark import NetConf, run_barrier
 
 STEPS = 20  # a fake first pass: STEPS steps with a heartbeat after each
 

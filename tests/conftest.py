@@ -15,7 +15,7 @@ os.environ.setdefault("PYTHONHASHSEED", "0")
 # (losses.py under dual_kernels.py, say) the tests would run the caller's stale code. The
 # project's locator keys every cache on a hash of the whole package instead (set before numba
 # is imported; Spark's Python workers inherit it). Must equal pipeline.numba_cache.LOCATORS.
-NUMBA_LOCATORS = ("pipeline.numba_cache.StableLocator,InTreeCacheLocator,UserWideCacheLocator,"
+NUMBA_LOCATORS = ("terascale.pipeline.numba_cache.StableLocator,InTreeCacheLocator,UserWideCacheLocator,"
                   "ZipCacheLocator")
 os.environ.setdefault("NUMBA_CACHE_LOCATOR_CLASSES", NUMBA_LOCATORS)
 
@@ -40,8 +40,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def spark():
     from pyspark.sql import SparkSession
-
-    from jobs.session import EXECUTOR_ENV
+    from terascale.jobs.session import EXECUTOR_ENV
 
     s = (
         SparkSession.builder.master("local[2]")

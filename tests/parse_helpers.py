@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-
-from pipeline.blocks import BlockParser
-from pipeline.rowkernels import REASONS
-from pipeline.spec import FeatureSpec
+from terascale.pipeline.blocks import BlockParser
+from terascale.pipeline.rowkernels import REASONS
+from terascale.pipeline.spec import FeatureSpec
 
 
 def parse_bytes(data: bytes, spec: FeatureSpec, max_line: int = 65536):

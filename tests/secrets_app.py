@@ -37,8 +37,8 @@ def _watch(src: str, dst: str, stop: threading.Event) -> None:
 
 def main() -> int:
     run, conf, spark_conf_set, keys_file = sys.argv[1:5]
-    import allreduce.spark as ars
-    from jobs.cli import main as cli
+    import terascale.allreduce.spark as ars
+    from terascale.jobs.cli import main as cli
 
     draw = ars.new_key
 

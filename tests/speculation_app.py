@@ -14,10 +14,10 @@ import json
 import os
 import sys
 
-from jobs.config import CRITEO_FIELDS, load_config
-from pipeline.numba_cache import LOCATORS
-from pipeline.spark_featurize import run_featurize
-from pipeline.spec import FeatureSpec
+from terascale.jobs.config import CRITEO_FIELDS, load_config
+from terascale.pipeline.numba_cache import LOCATORS
+from terascale.pipeline.spark_featurize import run_featurize
+from terascale.pipeline.spec import FeatureSpec
 
 SLOW_S = 120.0  # the straggler's wait: the job ends long before unless a copy overtakes it
 SPEC = FeatureSpec(fields=CRITEO_FIELDS, bits=18, seed=5)

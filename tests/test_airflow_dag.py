@@ -83,7 +83,7 @@ def local_config(tmp_path: Path) -> Path:
     }
     cfg["terascale"]["featurize"] = {"featurize.bits": 18, "featurize.conjunctions": [["C6", "C9"]]}
     cfg["terascale"]["train"]["train.shuffle"] = True
-    cfg["spark_submit"]["jobs_dir"] = str(ROOT / "jobs")
+    cfg["spark_submit"]["jobs_dir"] = str(ROOT / "jobs" / "submit")
     path = tmp_path / "dag.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -171,7 +171,7 @@ def test_another_config_file_and_a_spark_submit_line(tmp_path, monkeypatch):
         "--py-files", "hdfs:///apps/terascale/0.1.0/terascale-pyfiles.zip",
         "--archives", "hdfs:///apps/terascale/0.1.0/env.tar.gz#env", "--num-executors", "8",
         "--executor-cores", "4", "--executor-memory", "8g", "--driver-memory", "4g",
-        "--name", f"terascale-featurize_train-{DAY}", "--deploy-mode", "cluster", str(ROOT / "jobs" / "featurize.py"),
+        "--name", f"terascale-featurize_train-{DAY}", "--deploy-mode", "cluster", str(ROOT / "jobs" / "submit" / "featurize.py"),
         "--input", f"{tmp_path}/logs/{DAY}/a.tsv", f"{tmp_path}/logs/{DAY}/b.tsv", "--output", f"{tmp_path}/data/{DAY}/train",
         "--overwrite", "--set", "featurize.bits=18", "--set", 'featurize.conjunctions=[["C6", "C9"]]',
     ]]
@@ -193,7 +193,7 @@ def test_rendered_arguments_are_valid_terascale_commands(tmp_path, monkeypatch):
     for config in (None, local_config(tmp_path)):
         dag = load_dag(monkeypatch, config)
         commands += [[Path(t.application).stem, *rendered(dag, t.task_id).application_args] for t in dag.tasks]
-    code = ("import json, sys\nfrom jobs.cli import build_parser\nfrom jobs.config import load_config\n"
+    code = ("import json, sys\nfrom terascale.jobs.cli import build_parser\nfrom terascale.jobs.config import load_config\n"
             "for argv in json.load(sys.stdin):\n"
             "    a = build_parser().parse_args(argv)\n"
             "    if hasattr(a, 'sets'):\n        load_config(a.conf, a.sets)\n"
@@ -212,7 +212,7 @@ def test_gate_and_publish_tasks_run_terascale(tmp_path, monkeypatch):
     dag = load_dag(monkeypatch, local_config(tmp_path))
     fake_spark_submit(tmp_path, monkeypatch, run=True)
     days = {"2026-03-05": 0.45, "2026-03-06": 0.47, "2026-03-07": 0.44}
-    make = ("import sys, numpy as np\nfrom pipeline import modeldir\nfor d in sys.argv[1:]:\n"
+    make = ("import sys, numpy as np\nfrom terascale.pipeline import modeldir\nfor d in sys.argv[1:]:\n"
             "    s = modeldir.staging_dir(d)\n    modeldir.write_weights(s, np.zeros(16, np.float32))\n"
             "    modeldir.commit(s, d, {'spec': {'bits': 4}, 'intercept': 0.0})\n")
     r = subprocess.run([terascale_python(), "-c", make, *(f"{tmp_path}/models/{d}" for d in days)],

@@ -11,16 +11,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from jobs.cli import main
-from jobs.config import CRITEO_FIELDS, load_config
-from jobs.scoring import evaluate, predict
-from jobs.train_job import TrainError, run_train
-from pipeline.generate import generate_clicklogs
-from pipeline.manifest import DatasetError
-from pipeline.spark_featurize import EmptyInputError, run_featurize
-from pipeline.spec import MAX_BITS, FeatureSpec
-from pipeline.verify import DataFileError, read_row_groups
+from terascale.jobs.cli import main
+from terascale.jobs.config import CRITEO_FIELDS, load_config
+from terascale.jobs.scoring import evaluate, predict
+from terascale.jobs.train_job import TrainError, run_train
+from terascale.pipeline.generate import generate_clicklogs
+from terascale.pipeline.manifest import DatasetError
+from terascale.pipeline.spark_featurize import EmptyInputError, run_featurize
+from terascale.pipeline.spec import MAX_BITS, FeatureSpec
+from terascale.pipeline.verify import DataFileError, read_row_groups
 
 QUICK = ["train.solver=online", "train.passes=1", "train.workers=2", "train.holdout_period=0",
          "spark.master=local[2]"]
@@ -197,7 +196,7 @@ def test_featurize_refuses_empty_inputs_unless_allowed(spark, tmp_path, capsys):
 
 def test_featurize_and_train_share_one_bits_limit(spark, clean, tmp_path, capsys):
     assert MAX_BITS == 30
-    from solvers.shard import _MAX_FEATURES
+    from terascale.solvers.shard import _MAX_FEATURES
 
     assert 1 << MAX_BITS <= _MAX_FEATURES < 1 << (MAX_BITS + 1)
     assert main(["config", "--set", "featurize.bits=31"]) == 2

@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from allreduce.spark import BarrierError, NetConf, preflight, run_barrier
+from terascale.allreduce.spark import BarrierError, NetConf, preflight, run_barrier
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +104,7 @@ def test_preflight_refuses_too_few_slots(spark):
 
 
 def test_spark_error_summary_names_task_and_cause():
-    from allreduce.spark import spark_error_summary
+    from terascale.allreduce.spark import spark_error_summary
 
     crash = ("An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"
              ": org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover from a failed "

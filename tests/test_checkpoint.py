@@ -9,11 +9,11 @@ import threading
 
 import numpy as np
 import pytest
+from terascale.allreduce.protocol import new_key
+from terascale.jobs import checkpoint
+from terascale.jobs.checkpoint import CheckpointError, CorruptCheckpoint, Superseded
+from terascale.jobs.resume import ResumeAgreement, ResumeRestart, decide
 
-from allreduce.protocol import new_key
-from jobs import checkpoint
-from jobs.checkpoint import CheckpointError, CorruptCheckpoint, Superseded
-from jobs.resume import ResumeAgreement, ResumeRestart, decide
 from tests.allreduce.harness import FAST, NODE_DEFAULTS, run_tree
 
 
@@ -153,7 +153,7 @@ def test_resume_agreement_rides_the_first_collective_of_a_real_tree():
 
 
 def test_a_task_of_the_previous_attempt_cannot_join_the_new_attempts_tree():
-    from allreduce.node import TreeNode
+    from terascale.allreduce.node import TreeNode
 
     old_key, key = new_key(), new_key()
     refused: list[BaseException] = []
@@ -178,8 +178,9 @@ def test_a_task_of_the_previous_attempt_cannot_join_the_new_attempts_tree():
 
 
 def test_a_checkpoint_that_does_not_fit_the_run_is_a_checkpoint_error(tmp_path):
-    from jobs.train_task import Inject, TaskSpec, _resume
-    from solvers.api import SolverParams
+    from terascale.jobs.train_task import Inject, TaskSpec, _resume
+    from terascale.solvers.api import SolverParams
+
     from tests.solvers.helpers import keep, planted_problem, train_local
 
     data = planted_problem(n=200, d=20)

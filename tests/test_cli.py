@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from jobs.cli import main
+from terascale.jobs.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -30,7 +29,7 @@ def test_config_defaults_prints_the_documented_file(capsys):
 def test_featurize_validates_before_spark_starts(tmp_path):
     # an unusable master would fail inside Spark; the configuration error must come first
     r = subprocess.run(
-        [sys.executable, "-m", "jobs.cli", "featurize", "--input", str(tmp_path), "--output", str(tmp_path / "o"),
+        [sys.executable, "-m", "terascale.jobs.cli", "featurize", "--input", str(tmp_path), "--output", str(tmp_path / "o"),
          "--set", "spark.master=bogus://nowhere", "--set", "featurize.bitz=3"],
         capture_output=True, text=True, timeout=120,
     )
@@ -47,7 +46,7 @@ def test_generate_rejects_bad_arguments(capsys, tmp_path):
 @pytest.mark.spark
 @pytest.mark.slow
 def test_spark_submit_line_from_the_docstring(tmp_path):
-    """generate, then featurize through spark-submit exactly as jobs/featurize.py documents."""
+    """generate, then featurize through spark-submit exactly as jobs/submit/featurize.py documents."""
     raw = tmp_path / "raw"
     assert main(["generate", "--rows", "3000", "--out", str(raw), "--files", "2", "--malformed-rate", "0.01"]) == 0
     conf = tmp_path / "f.yaml"
@@ -55,7 +54,7 @@ def test_spark_submit_line_from_the_docstring(tmp_path):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     r = subprocess.run(
         [str(BIN / "spark-submit"), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
-         "--conf", "spark.driver.host=127.0.0.1", str(ROOT / "jobs" / "featurize.py"),
+         "--conf", "spark.driver.host=127.0.0.1", str(ROOT / "jobs" / "submit" / "featurize.py"),
          "--input", str(raw / "*.tsv"), "--output", str(tmp_path / "ds"), "--conf", str(conf),
          "--set", "featurize.seed=3"],
         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
@@ -69,7 +68,7 @@ def test_spark_submit_line_from_the_docstring(tmp_path):
 
 def test_featurize_job_failure_exits_1(tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "jobs.cli", "featurize", "--input", str(tmp_path / "missing"), "--output", str(tmp_path / "o"),
+        [sys.executable, "-m", "terascale.jobs.cli", "featurize", "--input", str(tmp_path / "missing"), "--output", str(tmp_path / "o"),
          "--set", "spark.master=local[1]"],
         capture_output=True, text=True, timeout=300,
     )
@@ -80,8 +79,8 @@ def test_featurize_job_failure_exits_1(tmp_path):
 def test_sessions_terascale_starts_get_its_executor_environment():
     """jobs.session.local_settings: the config's Spark settings win; terascale adds loopback,
     Arrow and the executor environment (numpy's huge-page advice off) where they are unset."""
-    from jobs.config import load_config
-    from jobs.session import EXECUTOR_ENV, local_settings
+    from terascale.jobs.config import load_config
+    from terascale.jobs.session import EXECUTOR_ENV, local_settings
 
     cfg = load_config([], ["spark.master=local[2]"])
     got = local_settings(cfg.spark)

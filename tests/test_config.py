@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from jobs.config import Config, ConfigError, all_keys, load_config, render_yaml
+from terascale.jobs.config import Config, ConfigError, all_keys, load_config, render_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,8 +98,8 @@ def test_file_errors_name_the_file(tmp_path):
 def test_train_keys_mirror_the_solver_parameters():
     import dataclasses
 
-    from jobs.train_job import solver_params
-    from solvers.params import SolverParams
+    from terascale.jobs.train_job import solver_params
+    from terascale.solvers.params import SolverParams
 
     cfg = load_config([], ["train.l2=0.5", "train.solver=lbfgs", "train.shuffle=true"])
     assert solver_params(cfg) == SolverParams(l2=0.5, solver="lbfgs", shuffle=True)
@@ -109,7 +108,7 @@ def test_train_keys_mirror_the_solver_parameters():
 
 
 def test_every_parameter_has_help_text():
-    from jobs.config import iter_params
+    from terascale.jobs.config import iter_params
 
     for key, f in iter_params():
         assert f.metadata.get("help"), key

@@ -7,13 +7,12 @@ import os
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
-from jobs.config import CRITEO_FIELDS, load_config
-from pipeline.dataset import plan_shards, read_csr, read_dataset
-from pipeline.generate import generate_clicklogs
-from pipeline.manifest import read_manifest
-from pipeline.spark_featurize import run_featurize
-from pipeline.spec import FeatureSpec
+from terascale.jobs.config import CRITEO_FIELDS, load_config
+from terascale.pipeline.dataset import plan_shards, read_csr, read_dataset
+from terascale.pipeline.generate import generate_clicklogs
+from terascale.pipeline.manifest import read_manifest
+from terascale.pipeline.spark_featurize import run_featurize
+from terascale.pipeline.spec import FeatureSpec
 
 pytestmark = pytest.mark.spark
 
@@ -70,7 +69,7 @@ def test_multi_row_group_files_and_chunked_columns(tmp_path, dataset):
     t = pq.read_table(src)
     out = tmp_path / "rg.parquet"
     pq.write_table(t, out, row_group_size=333)  # many small row groups
-    from pipeline.dataset import ShardPart
+    from terascale.pipeline.dataset import ShardPart
 
     n_rg = pq.ParquetFile(out).metadata.num_row_groups
     assert n_rg > 3

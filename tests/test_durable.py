@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-
-from pipeline import durable
+from terascale.pipeline import durable
 
 
 def test_write_bytes_replaces_atomically_and_leaves_no_temporary(tmp_path):

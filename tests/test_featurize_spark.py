@@ -14,15 +14,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
-from jobs.config import CRITEO_FIELDS, load_config
-from pipeline.artifacts import OutputError
-from pipeline.fsutil import InputError
-from pipeline.generate import MALFORMED_KINDS, generate_clicklogs
-from pipeline.groups import read_groups
-from pipeline.manifest import read_manifest
-from pipeline.spark_featurize import FeaturizeError, run_featurize
-from pipeline.spec import FeatureSpec, criteo_tokens, indices_values
+from terascale.jobs.config import CRITEO_FIELDS, load_config
+from terascale.pipeline.artifacts import OutputError
+from terascale.pipeline.fsutil import InputError
+from terascale.pipeline.generate import MALFORMED_KINDS, generate_clicklogs
+from terascale.pipeline.groups import read_groups
+from terascale.pipeline.manifest import read_manifest
+from terascale.pipeline.spark_featurize import FeaturizeError, run_featurize
+from terascale.pipeline.spec import FeatureSpec, criteo_tokens, indices_values
 
 pytestmark = pytest.mark.spark
 
@@ -203,7 +202,7 @@ def test_retried_task_neither_duplicates_nor_loses_rows(raw_logs, tmp_path):
     """A real retry: Spark local[2,2] re-runs a task whose first attempt died mid-write."""
     raw, _ = raw_logs
     out = tmp_path / "ds"
-    cmd = [sys.executable, "-m", "jobs.cli", "featurize", "--input", str(raw), "--output", str(out),
+    cmd = [sys.executable, "-m", "terascale.jobs.cli", "featurize", "--input", str(raw), "--output", str(out),
            "--set", "spark.master=local[2,2]", "--set", "featurize.partitions=3",
            "--set", "featurize.inject_fail_task=1", "--set", "featurize.bits=18", "--set", "featurize.seed=5",
            "--set", "featurize.conjunctions=[]"]

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from jobs.cli import _model_path, _warm_start, main
-from jobs.config import load_config
-from pipeline import modeldir
-from pipeline.pointer import POINTER_FORMAT, read_pointer
+from terascale.jobs.cli import _model_path, _warm_start, main
+from terascale.jobs.config import load_config
+from terascale.pipeline import modeldir
+from terascale.pipeline.pointer import POINTER_FORMAT, read_pointer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -254,7 +253,7 @@ def test_overwrite_cannot_replace_a_served_model_in_place(tmp_path, capsys):
     assert (tmp_path / "day1" / "weights.npy").read_bytes() == before
     m2 = make_model(tmp_path / "day2")
     assert main(["publish", "--model", m2, "--pointer", str(tmp_path / "current")]) == 0
-    from jobs.train_job import check_outputs
+    from terascale.jobs.train_job import check_outputs
 
     check_outputs(load_config([], ["train.overwrite=true"]), str(tmp_path / "data"), m)  # served no more: allowed
 
@@ -286,7 +285,7 @@ def bad_inputs(tmp_path):
      "terascale publish: failed: refusing to publish: "),
 ])
 def test_job_entry_point_exits_non_zero(bad_inputs, job, args, rc, message):
-    r = subprocess.run([sys.executable, str(ROOT / "jobs" / f"{job}.py"), *args],
+    r = subprocess.run([sys.executable, str(ROOT / "jobs" / "submit" / f"{job}.py"), *args],
                        capture_output=True, text=True, timeout=120, cwd=bad_inputs)
     assert r.returncode == rc, r.stderr[-2000:]
     assert message in r.stderr
@@ -296,7 +295,7 @@ def test_job_entry_point_exits_non_zero(bad_inputs, job, args, rc, message):
 def test_gate_and_publish_never_import_spark(tmp_path):
     m = make_model(tmp_path / "m")
     metrics = write_json(tmp_path / "m.json", {"logloss": 0.4})
-    code = ("import sys; from jobs.cli import main; "
+    code = ("import sys; from terascale.jobs.cli import main; "
             f"rc = main(['gate', '--metrics', {metrics!r}, '--baseline', 'current']) "
             f"+ main(['publish', '--model', {m!r}, '--pointer', 'current', '--metrics', {metrics!r}]); "
             "print(rc, 'pyspark' in sys.modules)")

@@ -14,10 +14,9 @@ import re
 
 import numpy as np
 import pytest
-
-from pipeline import gen_kernels as K
-from pipeline import generate as G
-from pipeline import spec
+from terascale.pipeline import gen_kernels as K
+from terascale.pipeline import generate as G
+from terascale.pipeline import spec
 
 ROWS = 200_000
 BAD_ROWS = 24_000

@@ -15,11 +15,10 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-
-from jobs.config import CRITEO_FIELDS, load_config
-from pipeline.blocks import BlockParser
-from pipeline.generate import generate_clicklogs
-from pipeline.groups import (
+from terascale.jobs.config import CRITEO_FIELDS, load_config
+from terascale.pipeline.blocks import BlockParser
+from terascale.pipeline.generate import generate_clicklogs
+from terascale.pipeline.groups import (
     GROUPS_FILE,
     MAX_GROUPS,
     NO_GROUP,
@@ -29,8 +28,8 @@ from pipeline.groups import (
     token_groups,
     write_map,
 )
-from pipeline.manifest import DatasetError, read_manifest
-from pipeline.spec import FeatureSpec, criteo_tokens, hash_index, int_token
+from terascale.pipeline.manifest import DatasetError, read_manifest
+from terascale.pipeline.spec import FeatureSpec, criteo_tokens, hash_index, int_token
 
 MAX_LINE = 65536
 INT_RE = re.compile(r"[+-]?[0-9]{1,18}")
@@ -329,7 +328,7 @@ def _fconf(*sets):
 
 @pytest.mark.spark
 def test_featurize_map_equals_the_reference_for_any_split(spark, logs, log_bytes, tmp_path):
-    from pipeline.spark_featurize import run_featurize
+    from terascale.pipeline.spark_featurize import run_featurize
 
     spec = FeatureSpec(fields=ORDER, bits=10, seed=5, conjunctions=CONJ)
     ref = reference_map(log_bytes, spec)
@@ -352,7 +351,7 @@ def test_featurize_map_equals_the_reference_for_any_split(spark, logs, log_bytes
 
 @pytest.mark.spark
 def test_featurize_libsvm_map_and_a_rerun_without_a_map(spark, tmp_path):
-    from pipeline.spark_featurize import run_featurize
+    from terascale.pipeline.spark_featurize import run_featurize
 
     src = tmp_path / "a.svm"
     src.write_text("+1 3:1 1:0.5\n-1 2:1\n1 60:1 9999:1\nbad line\n0 4:1 4:1\n1 33:1 34:x\n")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import mmh3
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-
-from pipeline.hashing import hash_tokens
-from pipeline.spec import hash_index
+from terascale.pipeline.hashing import hash_tokens
+from terascale.pipeline.spec import hash_index
 
 tokens = st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40), max_size=30)
 seeds = st.integers(min_value=0, max_value=2**32 - 1)

@@ -7,8 +7,7 @@ import math
 import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score, log_loss, roc_auc_score
-
-from solvers.metrics import BinaryMetrics
+from terascale.solvers.metrics import BinaryMetrics
 
 
 def _data(n=20000, seed=0):

@@ -13,17 +13,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from jobs.config import CRITEO_FIELDS, Config, ConfigError, iter_params, load_config
-from jobs.ml import TerascaleClassifier, TerascaleModel
-from jobs.ml_params import PARAM_KEYS, param_name
-from jobs.scoring import evaluate, predict
-from jobs.train_job import run_train
-from pipeline.generate import generate_clicklogs
-from pipeline.manifest import read_manifest
-from pipeline.modeldir import ModelError, load_model
-from pipeline.spark_featurize import run_featurize
-from pipeline.spec import FeatureSpec
+from terascale.jobs.config import CRITEO_FIELDS, Config, ConfigError, iter_params, load_config
+from terascale.jobs.ml import TerascaleClassifier, TerascaleModel
+from terascale.jobs.ml_params import PARAM_KEYS, param_name
+from terascale.jobs.scoring import evaluate, predict
+from terascale.jobs.train_job import run_train
+from terascale.pipeline.generate import generate_clicklogs
+from terascale.pipeline.manifest import read_manifest
+from terascale.pipeline.modeldir import ModelError, load_model
+from terascale.pipeline.spark_featurize import run_featurize
+from terascale.pipeline.spec import FeatureSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 # deterministic L-BFGS to a tight tolerance: any sharding reaches the same optimum

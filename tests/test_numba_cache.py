@@ -1,5 +1,5 @@
 """pipeline.numba_cache: the same code shipped at a new path (a new application's --py-files
-zip) finds the kernels the previous application compiled; a change anywhere in the package
+zip) finds the kernels the previous application compiled; a change anywhere in terascale
 (the kernel's module, or a module whose kernels it may call) does not."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import sys
 import zipfile
 from pathlib import Path
 
-from pipeline.numba_cache import LOCATORS
+from terascale.pipeline.numba_cache import LOCATORS
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import json
-from pipeline import hashing
+from terascale.pipeline import hashing
 hashing.hash_tokens(["abc"], 0)
 f = hashing._hash_many
 print(json.dumps({"file": hashing.__file__, "hits": sum(f.stats.cache_hits.values()),
@@ -24,14 +24,19 @@ print(json.dumps({"file": hashing.__file__, "hits": sum(f.stats.cache_hits.value
 """
 
 
-def _zip(path: Path, patch: bytes = b"", module: str = "hashing.py") -> Path:
+def _zip(path: Path, patch: bytes = b"", module: str = "pipeline/hashing.py") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(path, "w") as z:
-        for f in sorted((ROOT / "pipeline").glob("*.py")):
-            data = f.read_bytes()
-            if f.name == module:
-                data += patch
-            z.writestr(f"pipeline/{f.name}", data)
+        z.writestr("terascale/", b"")  # zipimport finds a namespace package by its directory entry
+        for package in ("pipeline", "allreduce", "solvers", "jobs"):
+            for d in sorted({f.parent for f in (ROOT / package).rglob("*.py")}):
+                z.writestr(f"terascale/{d.relative_to(ROOT).as_posix()}/", b"")
+            for f in sorted((ROOT / package).rglob("*.py")):
+                data = f.read_bytes()
+                rel = f.relative_to(ROOT).as_posix()
+                if rel == module:
+                    data += patch
+                z.writestr(f"terascale/{rel}", data)
     return path
 
 
@@ -48,21 +53,25 @@ def test_kernels_compiled_by_one_application_are_reused_by_the_next(tmp_path):
     first = _run(_zip(tmp_path / "app-1" / "code.zip"), cache)
     assert first["file"].startswith(str(tmp_path / "app-1" / "code.zip"))
     assert (first["hits"], first["misses"]) == (0, 1)
-    assert list((cache / "pipeline" / "hashing").glob("*.nbi"))
+    assert list((cache / "terascale" / "pipeline" / "hashing").glob("*.nbi"))
     again = _run(_zip(tmp_path / "app-2" / "code.zip"), cache)  # same code, new path
     assert (again["hits"], again["misses"]) == (1, 0)
     changed = _run(_zip(tmp_path / "app-3" / "code.zip", patch=b"\n# changed\n"), cache)
     assert (changed["hits"], changed["misses"]) == (0, 1)
     # another module of the package changed (numba inlines callees into cached callers)
-    other = _run(_zip(tmp_path / "app-4" / "code.zip", patch=b"\n# changed\n", module="rowkernels.py"), cache)
+    other = _run(_zip(tmp_path / "app-4" / "code.zip", patch=b"\n# changed\n", module="pipeline/rowkernels.py"), cache)
     assert (other["hits"], other["misses"]) == (0, 1)
-    assert _run(_zip(tmp_path / "app-5" / "code.zip", patch=b"\n# changed\n", module="rowkernels.py"), cache)["hits"] == 1
+    assert _run(_zip(tmp_path / "app-5" / "code.zip", patch=b"\n# changed\n", module="pipeline/rowkernels.py"), cache)["hits"] == 1
+    # a module of another of terascale's packages changed (the scorer runs the solvers' kernels)
+    solver = _run(_zip(tmp_path / "app-6" / "code.zip", patch=b"\n# changed\n", module="solvers/predict.py"), cache)
+    assert (solver["hits"], solver["misses"]) == (0, 1)
 
 
 def test_the_test_run_itself_uses_the_package_hash_locator():
     """conftest enables the locator before numba is imported, so an edited callee can never
     leave the tests running a caller's stale cached code."""
-    from solvers.scd import dual_kernels
+    from terascale.solvers.scd import dual_kernels
+
     from tests.conftest import NUMBA_LOCATORS
 
     assert NUMBA_LOCATORS == LOCATORS

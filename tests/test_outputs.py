@@ -15,16 +15,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from jobs import run_checkpoints, session
-from jobs.cli import main
-from jobs.config import load_config
-from jobs.run_checkpoints import RunCheckpoints
-from pipeline import artifacts, modeldir
-from pipeline.manifest import DatasetError, read_manifest
-from pipeline.pointer import publish
-from pipeline.spark_featurize import _commit
-from pipeline.spec import FeatureSpec
+from terascale.jobs import run_checkpoints, session
+from terascale.jobs.cli import main
+from terascale.jobs.config import load_config
+from terascale.jobs.run_checkpoints import RunCheckpoints
+from terascale.pipeline import artifacts, modeldir
+from terascale.pipeline.manifest import DatasetError, read_manifest
+from terascale.pipeline.pointer import publish
+from terascale.pipeline.spark_featurize import _commit
+from terascale.pipeline.spec import FeatureSpec
 
 STEPS = ("staged", "aside", "placed", "cleaned")
 
@@ -435,7 +434,7 @@ def test_an_ordinary_error_between_the_renames_puts_the_old_output_back(tmp_path
     make_model(m, 0.0)
     staging = modeldir.staging_dir(str(m), "r2")
     modeldir.write_weights(staging, np.full(16, 1.0, np.float32))
-    from pipeline import fsutil
+    from terascale.pipeline import fsutil
 
     real_move, calls = fsutil.move, []
 
@@ -468,7 +467,7 @@ def test_config_keys_exist():
 
 
 def test_demo_reruns_over_its_own_logs_only(tmp_path):
-    from jobs.demo import _remove_generated
+    from terascale.jobs.demo import _remove_generated
 
     gen = user_dir(tmp_path / "raw", ("part-00000.tsv", "part-00000.prob.npy", "_truth.json"))
     _remove_generated(str(gen))

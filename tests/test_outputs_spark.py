@@ -8,13 +8,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
-from jobs.config import feature_spec, load_config
-from jobs.scoring import predict
-from pipeline import artifacts, modeldir
-from pipeline.generate import generate_clicklogs
-from pipeline.manifest import read_manifest
-from pipeline.spark_featurize import run_featurize
+from terascale.jobs.config import feature_spec, load_config
+from terascale.jobs.scoring import predict
+from terascale.pipeline import artifacts, modeldir
+from terascale.pipeline.generate import generate_clicklogs
+from terascale.pipeline.manifest import read_manifest
+from terascale.pipeline.spark_featurize import run_featurize
 
 pytestmark = pytest.mark.spark
 STEPS = ("staged", "aside", "placed", "cleaned")

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from pipeline.blocks import align_range
-from pipeline.fsutil import InputFile
-from pipeline.plan import assign, output_files, plan_ranges
+from terascale.pipeline.blocks import align_range
+from terascale.pipeline.fsutil import InputFile
+from terascale.pipeline.plan import assign, output_files, plan_ranges
 
 MB = 1 << 20
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from jobs import preflight
-from jobs.cli import main
-from jobs.config import CRITEO_FIELDS, load_config
-from jobs.preflight import (
+from terascale.jobs import preflight
+from terascale.jobs.cli import main
+from terascale.jobs.config import CRITEO_FIELDS, load_config
+from terascale.jobs.preflight import (
     BASELINE_BYTES,
     MIB,
     PreflightError,
@@ -20,12 +19,12 @@ from jobs.preflight import (
     estimate,
     parse_size,
 )
-from jobs.train_job import run_train
-from pipeline.dataset import plan_shards
-from pipeline.generate import generate_clicklogs
-from pipeline.manifest import read_manifest
-from pipeline.spark_featurize import run_featurize
-from pipeline.spec import FeatureSpec
+from terascale.jobs.train_job import run_train
+from terascale.pipeline.dataset import plan_shards
+from terascale.pipeline.generate import generate_clicklogs
+from terascale.pipeline.manifest import read_manifest
+from terascale.pipeline.spark_featurize import run_featurize
+from terascale.pipeline.spec import FeatureSpec
 
 GIB = 1 << 30
 

@@ -8,11 +8,10 @@ import logging
 import time
 
 import pytest
-
-from allreduce.client import ServerSession
-from allreduce.protocol import new_key
-from allreduce.server import TreeServer
-from jobs.progress import ProgressMonitor, Snapshot, bar, read_pass, write_pass
+from terascale.allreduce.client import ServerSession
+from terascale.allreduce.protocol import new_key
+from terascale.allreduce.server import TreeServer
+from terascale.jobs.progress import ProgressMonitor, Snapshot, bar, read_pass, write_pass
 
 
 def _state(pass_no: int, objective: float, holdout: float | None = None) -> dict:

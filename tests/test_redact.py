@@ -7,8 +7,7 @@ import logging
 import re
 
 import pytest
-
-from pipeline.redact import (
+from terascale.pipeline.redact import (
     SECRET,
     SPARK_DEFAULT_REDACTION_REGEX,
     SPARK_REDACTION_REGEX,
@@ -101,7 +100,7 @@ def test_keys_that_are_not_secret(key):
 
 
 def test_every_schema_key_is_shown():
-    from jobs.config import all_keys
+    from terascale.jobs.config import all_keys
 
     assert [k for k in all_keys() if is_secret_key(k)] == []
 
@@ -172,7 +171,7 @@ def test_spark_regex_covers_the_rule_and_extends_the_current_value():
 
 
 def test_spark_settings_extend_what_the_session_has():
-    from pipeline.redact import SPARK_STRING_REDACTION_REGEX, spark_redaction_settings
+    from terascale.pipeline.redact import SPARK_STRING_REDACTION_REGEX, spark_redaction_settings
 
     assert spark_redaction_settings({}.get) == {"spark.redaction.regex": spark_redaction_regex(None),
                                                 "spark.redaction.string.regex": SPARK_STRING_REDACTION_REGEX}
@@ -186,7 +185,7 @@ def test_spark_settings_extend_what_the_session_has():
 
 
 def test_config_rendering_and_errors_hide_secrets(tmp_path):
-    from jobs.config import ConfigError, load_config, render_yaml, to_dict
+    from terascale.jobs.config import ConfigError, load_config, render_yaml, to_dict
 
     cfg = load_config([], ['spark.conf={spark.hadoop.fs.s3a.secret.key: S3CR3T, spark.executor.memory: 2g}',
                            "train.init_model=s3a://AK:SK@bucket/model"])
@@ -214,7 +213,7 @@ def test_config_rendering_and_errors_hide_secrets(tmp_path):
 def test_publish_refuses_a_model_path_with_credentials(tmp_path):
     """A pointer must resolve and must not store credentials: refused before any filesystem is
     touched (no connection to the URI's host is attempted)."""
-    from pipeline.pointer import PointerError, publish
+    from terascale.pipeline.pointer import PointerError, publish
 
     pointer = tmp_path / "current"
     with pytest.raises(PointerError) as e:
@@ -224,7 +223,7 @@ def test_publish_refuses_a_model_path_with_credentials(tmp_path):
 
 
 def test_json_files_are_written_redacted(tmp_path):
-    from pipeline import fsutil
+    from terascale.pipeline import fsutil
 
     path = str(tmp_path / "m.json")
     fsutil.write_json_atomic(path, {"dataset": "s3a://AK:SK@b/d", "conf": {"fs.s3a.secret.key": "SK"}, "rows": 3})

@@ -10,14 +10,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from jobs.config import CRITEO_FIELDS, ConfigError, load_config
-from pipeline import sampling
-from pipeline.blocks import Piece
-from pipeline.featurize_task import InjectedFailure, TaskOptions, run_task
-from pipeline.generate import generate_clicklogs
-from pipeline.spark_featurize import run_featurize
-from pipeline.spec import FeatureSpec
+from terascale.jobs.config import CRITEO_FIELDS, ConfigError, load_config
+from terascale.pipeline import sampling
+from terascale.pipeline.blocks import Piece
+from terascale.pipeline.featurize_task import InjectedFailure, TaskOptions, run_task
+from terascale.pipeline.generate import generate_clicklogs
+from terascale.pipeline.spark_featurize import run_featurize
+from terascale.pipeline.spec import FeatureSpec
 
 RATE = 0.3
 

@@ -11,14 +11,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from jobs.config import CRITEO_FIELDS, load_config
-from jobs.scoring import evaluate, predict
-from jobs.train_job import run_train
-from pipeline.generate import generate_clicklogs
-from pipeline.scorer import MalformedLine, Scorer
-from pipeline.spark_featurize import run_featurize
-from pipeline.spec import FeatureSpec
+from terascale.jobs.config import CRITEO_FIELDS, load_config
+from terascale.jobs.scoring import evaluate, predict
+from terascale.jobs.train_job import run_train
+from terascale.pipeline.generate import generate_clicklogs
+from terascale.pipeline.scorer import MalformedLine, Scorer
+from terascale.pipeline.spark_featurize import run_featurize
+from terascale.pipeline.spec import FeatureSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 0.5
@@ -100,7 +99,7 @@ def test_score_command_needs_no_spark_and_names_bad_lines(trained, tmp_path):
     lines = (d / "raw" / "part-00000.tsv").read_bytes().split(b"\n")[:400]
     want = Scorer.from_model_dir(str(d / "model"), "sampled").predict_lines(lines, skip_bad=True)
     bad = int(np.flatnonzero(np.isnan(want))[0])  # the generator's first malformed line in these 400
-    code = ("import sys; from jobs.cli import main; "
+    code = ("import sys; from terascale.jobs.cli import main; "
             "rc = main(sys.argv[1:]); print('pyspark' in sys.modules, file=sys.stderr); sys.exit(rc)")
     run = lambda *a: subprocess.run(  # noqa: E731
         [sys.executable, "-c", code, "score", "--model", str(d / "model"), "--chunk-mb", "1", *a],
@@ -117,11 +116,11 @@ def test_score_command_needs_no_spark_and_names_bad_lines(trained, tmp_path):
 def test_libsvm_lines_score_as_their_featurized_rows(tmp_path):
     """LibSVM: raw lines through the scorer = their Parquet rows (written by a featurize task) through
     the predict job's numeric path (read_csr + solvers.predict), bit for bit."""
-    from pipeline import modeldir
-    from pipeline.blocks import Piece
-    from pipeline.dataset import tables_to_csr
-    from pipeline.featurize_task import TaskOptions, run_task
-    from solvers.predict import predict_proba
+    from terascale.pipeline import modeldir
+    from terascale.pipeline.blocks import Piece
+    from terascale.pipeline.dataset import tables_to_csr
+    from terascale.pipeline.featurize_task import TaskOptions, run_task
+    from terascale.solvers.predict import predict_proba
 
     rng = np.random.default_rng(3)
     lines = []

@@ -13,15 +13,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from jobs.config import CRITEO_FIELDS, ConfigError, load_config, render_yaml
-from jobs.train_job import run_train
-from pipeline import tokendict
-from pipeline.generate import generate_clicklogs, token_weight
-from pipeline.modeldir import ModelError
-from pipeline.modelinspect import top_features
-from pipeline.spark_featurize import run_featurize
-from pipeline.spec import FeatureSpec, criteo_tokens, hash_index
+from terascale.jobs.config import CRITEO_FIELDS, ConfigError, load_config, render_yaml
+from terascale.jobs.train_job import run_train
+from terascale.pipeline import tokendict
+from terascale.pipeline.generate import generate_clicklogs, token_weight
+from terascale.pipeline.modeldir import ModelError
+from terascale.pipeline.modelinspect import top_features
+from terascale.pipeline.spark_featurize import run_featurize
+from terascale.pipeline.spec import FeatureSpec, criteo_tokens, hash_index
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +54,7 @@ def test_the_sample_is_a_function_of_the_token_set_and_merges_exactly(monkeypatc
 
 
 def test_block_tokens_are_the_reference_tokens_of_the_good_lines(tmp_path):
-    from pipeline.blocks import BlockParser
+    from terascale.pipeline.blocks import BlockParser
 
     generate_clicklogs(tmp_path, 800, files=1, seed=9, malformed_rate=0.05, processes=1)
     data = (tmp_path / "part-00000.tsv").read_bytes()
@@ -150,7 +149,7 @@ def test_inspect_names_the_planted_heavy_tokens(spark, data, tmp_path):
     (bare / "metadata.json").write_text(json.dumps(md))
     with pytest.raises(ModelError, match="has no token dictionary"):
         top_features(str(bare), 5, names=True)
-    cli = lambda *a: subprocess.run([sys.executable, "-m", "jobs.cli", "inspect", *a],  # noqa: E731
+    cli = lambda *a: subprocess.run([sys.executable, "-m", "terascale.jobs.cli", "inspect", *a],  # noqa: E731
                                     capture_output=True, text=True, timeout=120, cwd=ROOT)
     p = cli(str(bare), "--top", "5", "--names")
     assert p.returncode == 1 and "has no token dictionary" in p.stderr

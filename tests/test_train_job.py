@@ -11,14 +11,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
-from jobs.config import CRITEO_FIELDS, load_config
-from jobs.scoring import evaluate, predict
-from jobs.train_job import TrainError, run_train
-from pipeline.generate import generate_clicklogs
-from pipeline.modeldir import ModelError, load_model
-from pipeline.spark_featurize import run_featurize
-from pipeline.spec import FeatureSpec
+from terascale.jobs.config import CRITEO_FIELDS, load_config
+from terascale.jobs.scoring import evaluate, predict
+from terascale.jobs.train_job import TrainError, run_train
+from terascale.pipeline.generate import generate_clicklogs
+from terascale.pipeline.modeldir import ModelError, load_model
+from terascale.pipeline.spark_featurize import run_featurize
+from terascale.pipeline.spec import FeatureSpec
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,7 +148,7 @@ def test_init_model_must_share_the_feature_spec(spark, data, tmp_path):
 @pytest.mark.slow
 def test_train_on_local_cluster_through_the_cli(data, tmp_path):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    r = subprocess.run([sys.executable, "-m", "jobs.cli", "train", "--input", str(data / "tr"), "--model",
+    r = subprocess.run([sys.executable, "-m", "terascale.jobs.cli", "train", "--input", str(data / "tr"), "--model",
                         str(tmp_path / "m"), "--set", "spark.master=local-cluster[2,1,1024]", "--set", "train.workers=2"],
                        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -197,7 +196,7 @@ def test_ranks_holding_different_checkpoints_agree_on_one_resume_pass(spark, dat
 
 
 def test_cocoa_device_auto_falls_back_and_gpu_fails_clearly_without_a_gpu(spark, data, tmp_path):
-    from solvers.scd.gpu import gpu_available
+    from terascale.solvers.scd.gpu import gpu_available
 
     if gpu_available()[0]:
         pytest.skip("this machine has a GPU")
@@ -215,14 +214,14 @@ def test_report_of_a_real_run(spark, data, tmp_path):
     import struct
     from html.parser import HTMLParser
 
-    from jobs.cli import main as cli
+    from terascale.jobs.cli import main as cli
 
     meta = run_train(spark, _cfg("train.workers=2", "train.passes=4", "spark.master=local[2]"), str(data / "tr"),
                      str(tmp_path / "m"))
     metrics = evaluate(spark, str(data / "te"), str(tmp_path / "m"))
     (tmp_path / "metrics.json").write_text(json.dumps(metrics))
     # a published pointer serves wherever a model directory does
-    from pipeline.pointer import publish
+    from terascale.pipeline.pointer import publish
 
     publish(str(tmp_path / "m"), str(tmp_path / "current"))
     via = evaluate(spark, str(data / "te"), str(tmp_path / "current"))

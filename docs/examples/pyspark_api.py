@@ -19,13 +19,13 @@ import tempfile
 
 from pyspark.sql import functions as F
 
-from jobs.config import CRITEO_FIELDS, load_config
-from jobs.ml import TerascaleClassifier, TerascaleModel
-from jobs.scoring import evaluate
-from jobs.session import get_spark
-from pipeline.generate import generate_clicklogs
-from pipeline.spark_featurize import run_featurize
-from pipeline.spec import FeatureSpec
+from terascale.jobs.config import CRITEO_FIELDS, load_config
+from terascale.jobs.ml import TerascaleClassifier, TerascaleModel
+from terascale.jobs.scoring import evaluate
+from terascale.jobs.session import get_spark
+from terascale.pipeline.generate import generate_clicklogs
+from terascale.pipeline.spark_featurize import run_featurize
+from terascale.pipeline.spec import FeatureSpec
 
 
 def main(argv: list[str]) -> int:

@@ -19,10 +19,9 @@ import math
 
 import numpy as np
 from numba import njit
-
-from solvers.kernels.losses import loss_curvature
-from solvers.kernels.objective import BAD_MARGIN, OK
-from solvers.kernels.sampling import next_sampled
+from terascale.solvers.kernels.losses import loss_curvature
+from terascale.solvers.kernels.objective import BAD_MARGIN, OK
+from terascale.solvers.kernels.sampling import next_sampled
 
 
 @njit(cache=True, nogil=True)

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
-
-from solvers.kernels.prefetch import prefetch_row
+from terascale.solvers.kernels.prefetch import prefetch_row
 
 
 @njit(cache=True, nogil=True)

@@ -19,16 +19,15 @@ from __future__ import annotations
 import math
 
 from numba import njit
-
-from solvers.kernels.losses import (
+from terascale.solvers.kernels.losses import (
     LOGISTIC,
     logistic_terms,
     loss_curvature,
     loss_derivative,
     loss_value,
 )
-from solvers.kernels.prefetch import prefetch_row
-from solvers.kernels.sampling import next_sampled
+from terascale.solvers.kernels.prefetch import prefetch_row
+from terascale.solvers.kernels.sampling import next_sampled
 
 OK = 0
 BAD_MARGIN = 1

@@ -34,15 +34,14 @@ import math
 
 import numpy as np
 from numba import njit
-
-from solvers.kernels.losses import (
+from terascale.solvers.kernels.losses import (
     LOGISTIC,
     invariant_scalar,
     logistic_terms,
     loss_derivative,
     loss_value,
 )
-from solvers.kernels.prefetch import prefetch_row
+from terascale.solvers.kernels.prefetch import prefetch_row
 
 W = 0
 G = 1

@@ -18,7 +18,7 @@ for the primal), ``dual_problem`` / ``primal_problem`` (one rank's side of a rou
 local solvers, ``train_cocoa_gpu``), ``gpu_problem`` (device-resident local variables).
 """
 
-from solvers.scd.api import train_cocoa
-from solvers.scd.params import CocoaParams, CocoaResult, CocoaState
+from terascale.solvers.scd.api import train_cocoa
+from terascale.solvers.scd.params import CocoaParams, CocoaResult, CocoaState
 
 __all__ = ["CocoaParams", "CocoaResult", "CocoaState", "train_cocoa"]

@@ -10,15 +10,14 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-
-from allreduce.communicator import Communicator
-from solvers.data import CSRData
-from solvers.scd.dual_problem import DualProblem
-from solvers.scd.params import CocoaParams, CocoaResult, CocoaState
-from solvers.scd.primal_problem import PrimalProblem
-from solvers.scd.redeal import RedealtDualProblem
-from solvers.scd.rounds import Problem, RoundLoop
-from solvers.scd.timing import RoundClock
+from terascale.allreduce.communicator import Communicator
+from terascale.solvers.data import CSRData
+from terascale.solvers.scd.dual_problem import DualProblem
+from terascale.solvers.scd.params import CocoaParams, CocoaResult, CocoaState
+from terascale.solvers.scd.primal_problem import PrimalProblem
+from terascale.solvers.scd.redeal import RedealtDualProblem
+from terascale.solvers.scd.rounds import Problem, RoundLoop
+from terascale.solvers.scd.timing import RoundClock
 
 FORMULATIONS = {("dual", "fixed"): DualProblem, ("dual", "redeal"): RedealtDualProblem,
                 ("primal", "fixed"): PrimalProblem}

@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
-
-from solvers.kernels.prefetch import prefetch_row
-from solvers.scd.losses import SQUARED, dual_step, dual_value, primal_loss, sign_label
+from terascale.solvers.kernels.prefetch import prefetch_row
+from terascale.solvers.scd.losses import SQUARED, dual_step, dual_value, primal_loss, sign_label
 
 ROW_AHEAD = 8  # rows between prefetching a row's data and its step (about one bucket)
 

@@ -20,17 +20,16 @@ import abc
 import math
 
 import numpy as np
-
-from allreduce.communicator import Communicator
-from solvers.data import CSRData
-from solvers.scd.dual_kernels import (
+from terascale.allreduce.communicator import Communicator
+from terascale.solvers.data import CSRData
+from terascale.solvers.scd.dual_kernels import (
     apply_dual_step,
     axpy,
     dual_objective_sums,
     dual_objective_sums_chunked,
     scaled_difference,
 )
-from solvers.scd.line_search import (
+from terascale.solvers.scd.line_search import (
     dual_line_sums,
     fixed_gamma,
     hinge_gamma,
@@ -40,10 +39,10 @@ from solvers.scd.line_search import (
     ridge_dual_gamma,
     seq_dot,
 )
-from solvers.scd.local_solver import DualLocalSolver, numba_threads
-from solvers.scd.losses import HINGE, LOGISTIC, SQUARED, loss_code
-from solvers.scd.params import CocoaParams
-from solvers.scd.rounds import GapThenProposal
+from terascale.solvers.scd.local_solver import DualLocalSolver, numba_threads
+from terascale.solvers.scd.losses import HINGE, LOGISTIC, SQUARED, loss_code
+from terascale.solvers.scd.params import CocoaParams
+from terascale.solvers.scd.rounds import GapThenProposal
 
 EVAL_CHUNKS = 64  # row ranges of the threaded gap pass (fixed: the sums do not depend on threads)
 

@@ -28,9 +28,8 @@ import warnings
 from collections.abc import Callable
 
 import numpy as np
-
-from solvers.data import CSRData
-from solvers.scd.gpu_device import (
+from terascale.solvers.data import CSRData
+from terascale.solvers.scd.gpu_device import (
     MAX_REDUCE_BLOCKS,
     Device,
     coord_grid,
@@ -41,7 +40,7 @@ from solvers.scd.gpu_device import (
     select_device,
     simulator_enabled,
 )
-from solvers.scd.partition import FeatureBlock
+from terascale.solvers.scd.partition import FeatureBlock
 
 __all__ = ["GpuDualLocalSolver", "GpuPrimalLocalSolver", "gpu_available", "select_device",
            "simulator_enabled", "train_cocoa_gpu"]
@@ -55,8 +54,8 @@ class _GpuLocalSolver(abc.ABC):
 
     def __init__(self, n_coords: int, n_shared: int, nnz: int, threads_per_block: int | None,
                  blocks: int | None) -> None:
-        from solvers.scd import gpu_kernels as gk
-        from solvers.scd import gpu_reduce_kernels as rk
+        from terascale.solvers.scd import gpu_kernels as gk
+        from terascale.solvers.scd import gpu_reduce_kernels as rk
 
         require_gpu()
         self.gk, self.rk = gk, rk
@@ -103,7 +102,7 @@ class _GpuLocalSolver(abc.ABC):
     def run(self, sigma: float, epochs: int, seed: int, rank: int, round_index: int) -> np.ndarray:
         """H epochs from ``x0`` and ``w`` into ``x`` and ``u``; -> u on the host (a pinned buffer,
         valid until the next call): ``w + sigma * (local change of the shared vector)``."""
-        from solvers.scd.gpu_shuffle import domain_bits, epoch_keys, permutation_kernel
+        from terascale.solvers.scd.gpu_shuffle import domain_bits, epoch_keys, permutation_kernel
 
         dev = self.dev
         dev.copy(self.u, self.w)
@@ -271,8 +270,8 @@ def train_cocoa_gpu(data: CSRData, comm, params, on_round_end: Callable | None =
     (``gpu_problem``; ``params.threads`` / ``bucket_size`` are ignored: the GPU's thread blocks
     are the parallelism). Without a usable GPU: a warning naming the reason and the CPU solver
     when ``fallback``, else RuntimeError."""
-    from solvers.scd import api
-    from solvers.scd.gpu_problem import make_gpu_problem
+    from terascale.solvers.scd import api
+    from terascale.solvers.scd.gpu_problem import make_gpu_problem
 
     ok, reason = gpu_available()
     if not ok:

@@ -27,14 +27,13 @@ crosses only in ``snapshot`` (a checkpoint) and ``restore``, and the primal mode
 from __future__ import annotations
 
 import numpy as np
-
-from allreduce.communicator import Communicator
-from solvers.data import CSRData
-from solvers.scd.dual_kernels import axpy, scaled_difference
-from solvers.scd.dual_problem import DualProblemBase
-from solvers.scd.gpu import GpuDualLocalSolver, GpuPrimalLocalSolver
-from solvers.scd.params import CocoaParams
-from solvers.scd.primal_problem import PrimalProblemBase
+from terascale.allreduce.communicator import Communicator
+from terascale.solvers.data import CSRData
+from terascale.solvers.scd.dual_kernels import axpy, scaled_difference
+from terascale.solvers.scd.dual_problem import DualProblemBase
+from terascale.solvers.scd.gpu import GpuDualLocalSolver, GpuPrimalLocalSolver
+from terascale.solvers.scd.params import CocoaParams
+from terascale.solvers.scd.primal_problem import PrimalProblemBase
 
 
 class GpuDualProblem(DualProblemBase):

@@ -30,8 +30,7 @@ from __future__ import annotations
 import math
 
 from numba import cuda, float64
-
-from solvers.scd.gpu_kernels import B_EPS, HINGE, LOGISTIC, SQUARED
+from terascale.solvers.scd.gpu_kernels import B_EPS, HINGE, LOGISTIC, SQUARED
 
 INF = math.inf
 

@@ -47,8 +47,7 @@ from collections.abc import Callable
 
 import numpy as np
 from numba import njit
-
-from solvers.scd.losses import B_EPS, HINGE, SQUARED, sign_label
+from terascale.solvers.scd.losses import B_EPS, HINGE, SQUARED, sign_label
 
 _NEWTON_MAX_ITER = 60
 _NEWTON_TOL = 1e-12

@@ -19,17 +19,16 @@ import contextlib
 
 import numba
 import numpy as np
-
-from solvers.active import ActiveFeatures
-from solvers.data import CSRData
-from solvers.scd.dual_kernels import (
+from terascale.solvers.active import ActiveFeatures
+from terascale.solvers.data import CSRData
+from terascale.solvers.scd.dual_kernels import (
     dual_epoch,
     dual_epoch_buckets,
     dual_epoch_with_gap,
     row_sq_norms,
 )
-from solvers.scd.partition import FeatureBlock
-from solvers.scd.primal_kernels import col_sq_norms, primal_epoch, primal_epoch_buckets
+from terascale.solvers.scd.partition import FeatureBlock
+from terascale.solvers.scd.primal_kernels import col_sq_norms, primal_epoch, primal_epoch_buckets
 
 
 @contextlib.contextmanager

@@ -18,10 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from allreduce.communicator import Communicator
-from solvers.data import CSRData
-from solvers.scd.primal_kernels import csc_count, csc_fill, filter_owned
+from terascale.allreduce.communicator import Communicator
+from terascale.solvers.data import CSRData
+from terascale.solvers.scd.primal_kernels import csc_count, csc_fill, filter_owned
 
 
 @dataclass(frozen=True)

@@ -18,16 +18,19 @@ from __future__ import annotations
 import abc
 
 import numpy as np
-
-from allreduce.communicator import Communicator
-from solvers.data import CSRData
-from solvers.scd.dual_kernels import axpy, scaled_difference
-from solvers.scd.line_search import fixed_gamma, local_sigma, ridge_primal_gamma, seq_dot
-from solvers.scd.local_solver import PrimalLocalSolver
-from solvers.scd.params import CocoaParams
-from solvers.scd.partition import feature_block
-from solvers.scd.primal_kernels import dual_map_sq_norm, residual_direction_sums, residual_sums
-from solvers.scd.rounds import GapThenProposal
+from terascale.allreduce.communicator import Communicator
+from terascale.solvers.data import CSRData
+from terascale.solvers.scd.dual_kernels import axpy, scaled_difference
+from terascale.solvers.scd.line_search import fixed_gamma, local_sigma, ridge_primal_gamma, seq_dot
+from terascale.solvers.scd.local_solver import PrimalLocalSolver
+from terascale.solvers.scd.params import CocoaParams
+from terascale.solvers.scd.partition import feature_block
+from terascale.solvers.scd.primal_kernels import (
+    dual_map_sq_norm,
+    residual_direction_sums,
+    residual_sums,
+)
+from terascale.solvers.scd.rounds import GapThenProposal
 
 
 class PrimalProblemBase(GapThenProposal, abc.ABC):

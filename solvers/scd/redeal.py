@@ -25,13 +25,12 @@ Use it when the whole data set fits in one worker's memory; fixed shards otherwi
 from __future__ import annotations
 
 import numpy as np
-
-from allreduce.communicator import Communicator
-from solvers.data import CSRData
-from solvers.scd.dual_kernels import apply_dual_step, axpy, objective_sums_rows
-from solvers.scd.dual_problem import DualProblem
-from solvers.scd.params import CocoaParams
-from solvers.scd.partition import shards_in_rank_order
+from terascale.allreduce.communicator import Communicator
+from terascale.solvers.data import CSRData
+from terascale.solvers.scd.dual_kernels import apply_dual_step, axpy, objective_sums_rows
+from terascale.solvers.scd.dual_problem import DualProblem
+from terascale.solvers.scd.params import CocoaParams
+from terascale.solvers.scd.partition import shards_in_rank_order
 
 
 def gather_rows(data: CSRData, comm: Communicator) -> CSRData:

@@ -32,10 +32,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
-
-from allreduce.communicator import Communicator
-from solvers.scd.params import CocoaParams, CocoaState
-from solvers.scd.timing import RoundClock
+from terascale.allreduce.communicator import Communicator
+from terascale.solvers.scd.params import CocoaParams, CocoaState
+from terascale.solvers.scd.timing import RoundClock
 
 
 class Problem(Protocol):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from allreduce.communicator import Communicator
+from terascale.allreduce.communicator import Communicator
 
 
 def _totals(comm: Communicator) -> dict:

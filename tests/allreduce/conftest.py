@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from allreduce.protocol import new_key
+from terascale.allreduce.protocol import new_key
 
 
 @pytest.fixture

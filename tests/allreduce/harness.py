@@ -8,10 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
-from allreduce.node import TreeNode
-from allreduce.protocol import new_key
-from allreduce.server import TreeServer
+from terascale.allreduce.node import TreeNode
+from terascale.allreduce.protocol import new_key
+from terascale.allreduce.server import TreeServer
 
 # Small chunks so every size class (0, 1, chunk-1, chunk+1, many chunks) is cheap to test.
 CHUNK_BYTES = 64

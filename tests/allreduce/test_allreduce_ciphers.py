@@ -8,14 +8,14 @@ import threading
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from terascale.allreduce import ciphers
+from terascale.allreduce import protocol as proto
+from terascale.allreduce.channel import Channel, client_handshake, server_handshake
+from terascale.allreduce.client import ServerSession
+from terascale.allreduce.errors import AuthError, ProtocolError
+from terascale.allreduce.protocol import MsgType
+from terascale.allreduce.server import TreeServer
 
-from allreduce import ciphers
-from allreduce import protocol as proto
-from allreduce.channel import Channel, client_handshake, server_handshake
-from allreduce.client import ServerSession
-from allreduce.errors import AuthError, ProtocolError
-from allreduce.protocol import MsgType
-from allreduce.server import TreeServer
 from tests.allreduce.harness import FAST
 
 CIPHERS = list(ciphers.CIPHERS)

@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-
-from allreduce import ciphers
-from allreduce import protocol as proto
-from allreduce.channel import Channel, client_handshake, server_handshake
-from allreduce.errors import (
+from terascale.allreduce import ciphers
+from terascale.allreduce import protocol as proto
+from terascale.allreduce.channel import Channel, client_handshake, server_handshake
+from terascale.allreduce.errors import (
     AuthError,
     PeerAborted,
     PeerLost,
@@ -27,7 +26,7 @@ from allreduce.errors import (
     StandDown,
     StartupTimeout,
 )
-from allreduce.protocol import MsgType
+from terascale.allreduce.protocol import MsgType
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
@@ -564,8 +563,8 @@ def _hello_frames(key: bytes, role: str = "child") -> bytes:
 
 @pytest.fixture(scope="module")
 def acceptor():
-    from allreduce.acceptor import Acceptor
-    from allreduce.channel import open_listener
+    from terascale.allreduce.acceptor import Acceptor
+    from terascale.allreduce.channel import open_listener
 
     linked = []
     acc = Acceptor(

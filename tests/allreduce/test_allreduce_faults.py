@@ -10,10 +10,9 @@ import time
 
 import numpy as np
 import pytest
-
-from allreduce import protocol as proto
-from allreduce.client import ServerSession
-from allreduce.errors import (
+from terascale.allreduce import protocol as proto
+from terascale.allreduce.client import ServerSession
+from terascale.allreduce.errors import (
     AllreduceError,
     PeerAborted,
     PeerLost,
@@ -22,9 +21,10 @@ from allreduce.errors import (
     StandDown,
     StartupTimeout,
 )
-from allreduce.node import TreeNode
-from allreduce.protocol import MsgType
-from allreduce.server import TreeServer
+from terascale.allreduce.node import TreeNode
+from terascale.allreduce.protocol import MsgType
+from terascale.allreduce.server import TreeServer
+
 from tests.allreduce.harness import CHUNK_BYTES, FAST, NODE_DEFAULTS, run_tree, tree_order_sum
 
 N_MULTI = 5 * (CHUNK_BYTES // 4) + 3  # several float32 chunks: exercises the pipelined path

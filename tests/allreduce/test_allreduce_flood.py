@@ -17,9 +17,9 @@ import threading
 import time
 
 import numpy as np
+from terascale.allreduce.node import TreeNode
+from terascale.allreduce.server import TreeServer
 
-from allreduce.node import TreeNode
-from allreduce.server import TreeServer
 from tests.allreduce.harness import FAST, tree_order_sum
 
 IDLE = 1000  # per kind of target: the tree server, and the ranks' listeners together
@@ -187,8 +187,8 @@ def test_a_thousand_idle_connections_do_not_lock_workers_out(key):
 
 
 def _listener_with_acceptor(key, **bounds):
-    from allreduce.acceptor import Acceptor
-    from allreduce.channel import open_listener
+    from terascale.allreduce.acceptor import Acceptor
+    from terascale.allreduce.channel import open_listener
 
     linked = []
     acc = Acceptor(
@@ -210,7 +210,7 @@ def _closed_by_server(sock: socket.socket, timeout: float = 2.0) -> bool:
 
 
 def test_over_the_per_source_bound_the_oldest_silent_connection_makes_room(key):
-    from allreduce.channel import connect_authenticated
+    from terascale.allreduce.channel import connect_authenticated
 
     acc, linked = _listener_with_acceptor(key, handshake_timeout_s=30.0, max_pending_per_source=4)
     addr = acc._listener.getsockname()
@@ -259,9 +259,9 @@ def test_silent_connections_are_closed_at_the_handshake_timeout(key):
 
 
 def test_workers_retry_connecting_with_backoff_within_the_connect_timeout(key):
-    from allreduce.acceptor import Acceptor
-    from allreduce.channel import connect_authenticated
-    from allreduce.errors import PeerLost
+    from terascale.allreduce.acceptor import Acceptor
+    from terascale.allreduce.channel import connect_authenticated
+    from terascale.allreduce.errors import PeerLost
 
     # bound but not listening yet: connections are refused until it listens, 0.5 s later
     sock = socket.socket()

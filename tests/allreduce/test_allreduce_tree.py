@@ -7,10 +7,10 @@ import time
 
 import numpy as np
 import pytest
+from terascale.allreduce.communicator import Communicator, LocalCommunicator
+from terascale.allreduce.node import TreeNode
+from terascale.allreduce.topology import build_tree, children_of, parent_of, path_to_root
 
-from allreduce.communicator import Communicator, LocalCommunicator
-from allreduce.node import TreeNode
-from allreduce.topology import build_tree, children_of, parent_of, path_to_root
 from tests.allreduce.harness import CHUNK_BYTES, run_tree, tree_order_sum
 
 DTYPES = (np.float32, np.float64)
@@ -176,7 +176,7 @@ def test_unsupported_dtypes_and_roots_are_rejected_on_every_communicator():
 
 
 def test_totals_match_stats_on_local_and_lazy_communicators():
-    from allreduce.lazy import LazyCommunicator
+    from terascale.allreduce.lazy import LazyCommunicator
 
     local = LocalCommunicator()
     lazy = LazyCommunicator(0, 1, LocalCommunicator)

@@ -101,7 +101,7 @@ def raw_loopback(nbytes: int = RAW_BYTES, repeats: int = 5) -> dict[str, Any]:
 def _ar_worker(
     address, key, shard, n, repeats, chunk_bytes, queue, cipher="aes-gcm", overlap=True
 ) -> None:
-    from allreduce.node import TreeNode
+    from terascale.allreduce.node import TreeNode
 
     try:
         x = np.random.default_rng(shard).standard_normal(n, dtype=np.float32)
@@ -145,8 +145,8 @@ def allreduce_bandwidth(
     overlap: bool = True,
 ) -> dict[str, Any]:
     """AllReduce of ``n`` float32 over ``k`` processes; see the module docstring."""
-    from allreduce.protocol import new_key
-    from allreduce.server import TreeServer
+    from terascale.allreduce.protocol import new_key
+    from terascale.allreduce.server import TreeServer
 
     key = new_key()
     queue = _CTX.Queue()

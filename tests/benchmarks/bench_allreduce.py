@@ -67,7 +67,7 @@ def tree_aggregate_seconds(k: int = K_SPARK, n: int = N, repeats: int = 3) -> di
 
 def crypto_throughput(nbytes: int = 1 << 20, loops: int = 64) -> dict:
     """Single-thread GB/s of each cipher's sealing of one 1 MiB chunk (and a plain copy)."""
-    from allreduce import ciphers
+    from terascale.allreduce import ciphers
 
     payload = memoryview(np.ones(nbytes, np.uint8)).cast("B")
     out = bytearray(nbytes + 32)

@@ -26,12 +26,12 @@ if os.environ.get("TERASCALE_BENCH_SMALL"):
 
 
 def main() -> dict:
-    from jobs.config import feature_spec, load_config
-    from jobs.scoring import evaluate
-    from jobs.session import get_spark
-    from jobs.train_job import run_train
-    from pipeline import fsutil
-    from pipeline.spark_featurize import run_featurize
+    from terascale.jobs.config import feature_spec, load_config
+    from terascale.jobs.scoring import evaluate
+    from terascale.jobs.session import get_spark
+    from terascale.jobs.train_job import run_train
+    from terascale.pipeline import fsutil
+    from terascale.pipeline.spark_featurize import run_featurize
 
     train_raw = generated_logs(ROWS, 2, 41)
     test_raw = generated_logs(TEST_ROWS, 1, 42)

@@ -39,11 +39,10 @@ def _mllib(spark, inputs: str, out: str, bits: int) -> None:
 
 def main() -> dict:
     from pyspark.sql import SparkSession
-
-    from jobs.cli import _spec
-    from jobs.config import load_config
-    from jobs.session import EXECUTOR_ENV
-    from pipeline.spark_featurize import run_featurize
+    from terascale.jobs.cli import _spec
+    from terascale.jobs.config import load_config
+    from terascale.jobs.session import EXECUTOR_ENV
+    from terascale.pipeline.spark_featurize import run_featurize
 
     data = generated_logs(ROWS, FILES, seed=11)
     warm = generated_logs(20_000, 1, seed=12)

@@ -43,10 +43,10 @@ def _time_to_gap(result, eps: float) -> tuple[float | None, int | None]:
 
 
 def _run(data, loss: str, formulation: str, solver: str) -> dict[str, Any]:
-    from allreduce.communicator import LocalCommunicator
-    from solvers.scd.api import train_cocoa
-    from solvers.scd.gpu_problem import make_gpu_problem
-    from solvers.scd.params import CocoaParams
+    from terascale.allreduce.communicator import LocalCommunicator
+    from terascale.solvers.scd.api import train_cocoa
+    from terascale.solvers.scd.gpu_problem import make_gpu_problem
+    from terascale.solvers.scd.params import CocoaParams
 
     threads = (os.cpu_count() or 1) if solver == "cpu_threads" else 1
     p = CocoaParams(loss=loss, formulation=formulation, l2=L2, max_rounds=MAX_ROUNDS, tol=EPS,
@@ -72,10 +72,11 @@ def _run(data, loss: str, formulation: str, solver: str) -> dict[str, Any]:
 
 def _warm_up() -> None:
     """Compile the GPU kernels and the CPU njit kernels on tiny data (not timed)."""
-    from allreduce.communicator import LocalCommunicator
-    from solvers.scd.api import train_cocoa
-    from solvers.scd.gpu import train_cocoa_gpu
-    from solvers.scd.params import CocoaParams
+    from terascale.allreduce.communicator import LocalCommunicator
+    from terascale.solvers.scd.api import train_cocoa
+    from terascale.solvers.scd.gpu import train_cocoa_gpu
+    from terascale.solvers.scd.params import CocoaParams
+
     from tests.benchmarks.bench_scd import click_data
 
     small = click_data(2_000)
@@ -88,7 +89,8 @@ def _warm_up() -> None:
 
 
 def main() -> dict:
-    from solvers.scd.gpu import gpu_available
+    from terascale.solvers.scd.gpu import gpu_available
+
     from tests.benchmarks.bench_scd import click_data
 
     ok, reason = gpu_available()

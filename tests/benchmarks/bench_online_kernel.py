@@ -31,10 +31,9 @@ from typing import Any
 
 import numpy as np
 from numba import njit
-
-from solvers.kernels.losses import LOGISTIC
-from solvers.kernels.objective import loss_grad_hess
-from solvers.kernels.online import new_state, online_pass
+from terascale.solvers.kernels.losses import LOGISTIC
+from terascale.solvers.kernels.objective import loss_grad_hess
+from terascale.solvers.kernels.online import new_state, online_pass
 
 ROWS = 2_000_000
 BITS = 22
@@ -44,7 +43,7 @@ INT_BUCKETS = 60
 
 def _fields() -> np.ndarray:
     """(vocabulary, exponent, missing rate) per field, from the click-log generator's tables."""
-    from pipeline.generate import CAT_TABLE, INT_TABLE
+    from terascale.pipeline.generate import CAT_TABLE, INT_TABLE
 
     rows = [(v, s, miss) for v, s, miss, _sigma in CAT_TABLE.values()]
     rows += [(INT_BUCKETS, 1.0, r[0]) for r in INT_TABLE.values()]

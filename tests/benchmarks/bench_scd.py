@@ -43,8 +43,7 @@ import time
 from typing import Any
 
 import numpy as np
-
-from solvers.data import CSRData
+from terascale.solvers.data import CSRData
 
 TARGET_ROWS = 2_000_000
 ROWS = int(os.environ.get("TERASCALE_BENCH_SCD_ROWS", "200000"))
@@ -68,9 +67,10 @@ _SERVER = {"io_timeout_s": 600.0, "startup_timeout_s": 120.0, "handshake_timeout
 
 def click_data(rows: int, seed: int = SEED) -> CSRData:
     """Generated click logs (cached under bench-results/data), parsed and hashed to CSR."""
-    from jobs.config import CRITEO_FIELDS
-    from pipeline.blocks import BlockParser
-    from pipeline.spec import FeatureSpec
+    from terascale.jobs.config import CRITEO_FIELDS
+    from terascale.pipeline.blocks import BlockParser
+    from terascale.pipeline.spec import FeatureSpec
+
     from tests.benchmarks.common import generated_logs
 
     folder = generated_logs(rows, 1, seed)
@@ -91,8 +91,9 @@ def split_rows(data: CSRData, k: int) -> list[CSRData]:
 
 def run_cocoa(data: CSRData, k: int, params) -> Any:
     """train_cocoa on k ranks: LocalCommunicator for 1, else TreeNodes in threads. Rank 0's result."""
-    from allreduce.communicator import LocalCommunicator
-    from solvers.scd import train_cocoa
+    from terascale.allreduce.communicator import LocalCommunicator
+    from terascale.solvers.scd import train_cocoa
+
     from tests.allreduce.harness import run_tree
 
     if k == 1:
@@ -105,8 +106,8 @@ def run_cocoa(data: CSRData, k: int, params) -> Any:
 
 def primal_objective(data: CSRData, loss: str, beta: np.ndarray, l2: float) -> float:
     """P(beta) (beta: n_features + 1 entries, the last one the intercept feature's)."""
-    from solvers.scd.dual_kernels import dual_objective_sums
-    from solvers.scd.losses import loss_code
+    from terascale.solvers.scd.dual_kernels import dual_objective_sums
+    from terascale.solvers.scd.losses import loss_code
 
     loss_sum, _ = dual_objective_sums(data.indptr, data.indices, data.values, data.labels,
                                       data.weights, np.zeros(data.n_rows), beta, loss_code(loss),
@@ -132,7 +133,7 @@ def aggregation_rounds(k: int = 4) -> dict:
 
 
 def _aggregation_at(data: CSRData, k: int, l2: float) -> dict:
-    from solvers.scd import CocoaParams
+    from terascale.solvers.scd import CocoaParams
 
     out: dict[str, Any] = {}
     for loss, formulation in (("squared", "primal"), ("squared", "dual"), ("logistic", "dual")):
@@ -174,10 +175,10 @@ def _epoch_seconds(solve, repeats: int = 3) -> float:
 
 
 def thread_speedup(data: CSRData) -> dict:
-    from solvers.scd import CocoaParams
-    from solvers.scd.dual_kernels import dual_epoch_buckets
-    from solvers.scd.local_solver import DualLocalSolver, numba_threads
-    from solvers.scd.losses import LOGISTIC
+    from terascale.solvers.scd import CocoaParams
+    from terascale.solvers.scd.dual_kernels import dual_epoch_buckets
+    from terascale.solvers.scd.local_solver import DualLocalSolver, numba_threads
+    from terascale.solvers.scd.losses import LOGISTIC
 
     n, d = data.n_rows, data.n_features
     alpha, w = np.zeros(n), np.zeros(d + 1)
@@ -234,7 +235,7 @@ def _snapml_fit(data: CSRData, loss: str) -> dict:
 
 
 def versus_snapml(data: CSRData) -> dict:
-    from solvers.scd import CocoaParams
+    from terascale.solvers.scd import CocoaParams
 
     try:
         import snapml  # noqa: F401

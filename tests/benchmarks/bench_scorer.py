@@ -32,7 +32,7 @@ if os.environ.get("TERASCALE_BENCH_SMALL"):
 
 _TIMER = r"""
 import os, sys, time, json
-from pipeline.scorer import Scorer
+from terascale.pipeline.scorer import Scorer
 model, paths = sys.argv[1], sys.argv[2:]
 s = Scorer.from_model_dir(model)
 data = b"".join(open(p, "rb").read() for p in paths)
@@ -52,12 +52,12 @@ print(json.dumps({"lines": n, "seconds": best, "cpu_seconds": best_cpu}))
 
 
 def main() -> dict:
-    from jobs.config import feature_spec, load_config
-    from jobs.scoring import predict
-    from jobs.session import get_spark
-    from jobs.train_job import run_train
-    from pipeline import fsutil
-    from pipeline.spark_featurize import run_featurize
+    from terascale.jobs.config import feature_spec, load_config
+    from terascale.jobs.scoring import predict
+    from terascale.jobs.session import get_spark
+    from terascale.jobs.train_job import run_train
+    from terascale.pipeline import fsutil
+    from terascale.pipeline.spark_featurize import run_featurize
 
     raw = generated_logs(ROWS, 2, 31)
     files = sorted(str(p) for p in raw.glob("*.tsv"))
@@ -84,7 +84,7 @@ def main() -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     with open(stdin, "rb") as f:
-        subprocess.run([sys.executable, "-m", "jobs.cli", "score", "--model", str(work / "model"), "--skip-bad"],
+        subprocess.run([sys.executable, "-m", "terascale.jobs.cli", "score", "--model", str(work / "model"), "--skip-bad"],
                        stdin=f, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT, timeout=1800,
                        check=True)
     cli_s = time.perf_counter() - t0

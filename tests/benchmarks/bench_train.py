@@ -89,9 +89,9 @@ def data_passes(history, upto: dict | None) -> dict | None:
 
 
 def _featurized(spark, raw, name):
-    from jobs.cli import _spec
-    from jobs.config import load_config
-    from pipeline.spark_featurize import run_featurize
+    from terascale.jobs.cli import _spec
+    from terascale.jobs.config import load_config
+    from terascale.pipeline.spark_featurize import run_featurize
 
     out = RESULTS / "data" / f"{name}-bits{BITS}"
     manifest = out / "_manifest.json"
@@ -124,8 +124,7 @@ def _mllib(spark, train_dir, lam):
 
 def _session(name: str):
     from pyspark.sql import SparkSession
-
-    from jobs.session import EXECUTOR_ENV
+    from terascale.jobs.session import EXECUTOR_ENV
 
     spark = (SparkSession.builder.master("local[2]").appName(name).config("spark.ui.enabled", "false")
              .config("spark.driver.host", "127.0.0.1").config("spark.driver.memory", "6g")
@@ -147,12 +146,12 @@ def mllib_fresh_application(train_dir: str, lam: str, out: str) -> None:
 
 
 def main() -> dict:
-    from allreduce.communicator import LocalCommunicator
-    from jobs.config import load_config
-    from jobs.train_job import run_train
-    from pipeline.dataset import read_dataset
-    from solvers.api import train
-    from solvers.params import SolverParams
+    from terascale.allreduce.communicator import LocalCommunicator
+    from terascale.jobs.config import load_config
+    from terascale.jobs.train_job import run_train
+    from terascale.pipeline.dataset import read_dataset
+    from terascale.solvers.api import train
+    from terascale.solvers.params import SolverParams
 
     work = RESULTS / "work-train"
     shutil.rmtree(work, ignore_errors=True)
@@ -234,7 +233,7 @@ def main() -> dict:
 
     # default settings, through the command line: end-to-end wall time and test logloss
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    cli = [sys.executable, "-m", "jobs.cli"]
+    cli = [sys.executable, "-m", "terascale.jobs.cli"]
     t0 = time.perf_counter()
     r = subprocess.run(cli + ["train", "--input", str(train_dir), "--model", str(work / "model-default"),
                               "--set", "spark.master=local[2]"], capture_output=True, text=True, env=env)

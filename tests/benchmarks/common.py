@@ -72,7 +72,7 @@ class PeakMemory:
 
 def generated_logs(rows: int, files: int, seed: int) -> Path:
     """Generated click logs shared by benchmarks (made once, kept under bench-results/data)."""
-    from pipeline.generate import generate_clicklogs
+    from terascale.pipeline.generate import generate_clicklogs
 
     d = RESULTS / "data" / f"criteo-{rows}-{files}-{seed}"
     if not (d / "_truth.json").exists():

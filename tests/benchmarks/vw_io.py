@@ -13,8 +13,7 @@ import time
 
 import numpy as np
 from numba import njit
-
-from pipeline.rowkernels import write_int
+from terascale.pipeline.rowkernels import write_int
 
 
 @njit(cache=True)

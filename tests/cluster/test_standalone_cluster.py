@@ -33,7 +33,7 @@ TRAIN = ["--set", "train.workers=2", "--set", "train.spares=0", "--set", "train.
 def site(tmp_path_factory):
     if not DIST:
         pytest.skip("needs the make dist artifacts: run through `make test` or `make test-cluster`")
-    from pipeline.generate import generate_clicklogs
+    from terascale.pipeline.generate import generate_clicklogs
 
     work = tmp_path_factory.mktemp("standalone")
     dist = Dist(Path(DIST), work)
@@ -64,8 +64,8 @@ def featurized(site) -> Path:
 @pytest.fixture(scope="module")
 def reference(site, featurized, spark, tmp_path_factory) -> dict:
     """The same training, undisturbed, in local mode (the same shards and solver)."""
-    from jobs.config import load_config
-    from jobs.train_job import run_train
+    from terascale.jobs.config import load_config
+    from terascale.jobs.train_job import run_train
 
     sets = [a for a in TRAIN if a != "--set"]
     return run_train(spark, load_config(sets=sets), str(featurized), str(tmp_path_factory.mktemp("ref") / "m"))
@@ -114,7 +114,7 @@ def test_killed_executor_is_retried_and_resumes_from_checkpoint(faulted, referen
 
 
 def test_evaluate_on_cluster_matches_local_mode(site, featurized, faulted, spark):
-    from jobs.scoring import evaluate
+    from terascale.jobs.scoring import evaluate
 
     model = site.work / "model"
     out = site.work / "metrics.json"

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+from terascale.pipeline.blocks import BlockParser
+from terascale.pipeline.spec import FeatureSpec
+from terascale.solvers.data import CSRData
 
-from pipeline.blocks import BlockParser
-from pipeline.spec import FeatureSpec
-from solvers.data import CSRData
 from tests.allreduce.harness import run_tree
 
 NODE_KWARGS = {"chunk_bytes": 1 << 16}
@@ -119,7 +119,7 @@ def run_ranks(shards: list[CSRData], body, timeout: float = 120.0) -> list:
 def run_and_resume(shards: list[CSRData], params, at_round: int):
     """Train on K ranks keeping every rank's state after round ``at_round``, then resume every
     rank from it: (uninterrupted results, resumed results, the states by rank)."""
-    from solvers.scd import train_cocoa
+    from terascale.solvers.scd import train_cocoa
 
     saved: dict[int, object] = {}
 

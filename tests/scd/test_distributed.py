@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from terascale.allreduce.communicator import LocalCommunicator
+from terascale.solvers.scd import CocoaParams, train_cocoa
 
-from allreduce.communicator import LocalCommunicator
-from solvers.scd import CocoaParams, train_cocoa
 from tests.scd.helpers import make_data, run_ranks, split_rows
 
 LAM = 1e-2

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from allreduce.communicator import LocalCommunicator
-from solvers.scd import CocoaParams, train_cocoa
-from solvers.scd.dual_kernels import (
+from terascale.allreduce.communicator import LocalCommunicator
+from terascale.solvers.scd import CocoaParams, train_cocoa
+from terascale.solvers.scd.dual_kernels import (
     dual_epoch,
     dual_epoch_with_gap,
     dual_objective_sums,
     row_sq_norms,
 )
-from solvers.scd.local_solver import DualLocalSolver
-from solvers.scd.losses import dual_value, loss_code
+from terascale.solvers.scd.local_solver import DualLocalSolver
+from terascale.solvers.scd.losses import dual_value, loss_code
+
 from tests.scd.helpers import make_data, objective
 
 LAM = 1e-2

@@ -48,10 +48,10 @@ def _one_epoch_matches(loss: str) -> float:
     """Max |difference| between one simulated TPA-SCD epoch (one block per row, blocks run in
     order by the simulator) and the sequential CPU epoch over the same permutation."""
     from numba import cuda
+    from terascale.solvers.scd import gpu_kernels as gk
+    from terascale.solvers.scd.dual_kernels import dual_epoch, row_sq_norms
+    from terascale.solvers.scd.losses import loss_code
 
-    from solvers.scd import gpu_kernels as gk
-    from solvers.scd.dual_kernels import dual_epoch, row_sq_norms
-    from solvers.scd.losses import loss_code
     from tests.scd.helpers import make_data
 
     d = make_data(loss, n=60, d=20, seed=3, weighted=True)
@@ -75,11 +75,11 @@ def _one_epoch_matches(loss: str) -> float:
 
 def _primal_epoch_matches() -> float:
     from numba import cuda
+    from terascale.allreduce.communicator import LocalCommunicator
+    from terascale.solvers.scd import gpu_kernels as gk
+    from terascale.solvers.scd.partition import feature_block
+    from terascale.solvers.scd.primal_kernels import col_sq_norms, primal_epoch
 
-    from allreduce.communicator import LocalCommunicator
-    from solvers.scd import gpu_kernels as gk
-    from solvers.scd.partition import feature_block
-    from solvers.scd.primal_kernels import col_sq_norms, primal_epoch
     from tests.scd.helpers import make_data
 
     d = make_data("squared", n=60, d=20, seed=4, weighted=True)
@@ -104,8 +104,7 @@ def _primal_epoch_matches() -> float:
 def _permutations() -> dict:
     """The device-made epoch orders: permutations, equal to the numpy twin, keyed per epoch."""
     from numba import cuda
-
-    from solvers.scd.gpu_shuffle import (
+    from terascale.solvers.scd.gpu_shuffle import (
         domain_bits,
         epoch_keys,
         host_permutation,
@@ -142,9 +141,9 @@ def _rel(a, b) -> float:
 def _cpu_proposal(cpu, p, round_index: int):
     """The CPU kernels' proposal from the CPU problem's state over the device's permutations:
     (local after the epochs, u)."""
-    from solvers.scd.dual_kernels import dual_epoch
-    from solvers.scd.gpu_shuffle import epoch_keys, host_permutation
-    from solvers.scd.primal_kernels import primal_epoch
+    from terascale.solvers.scd.dual_kernels import dual_epoch
+    from terascale.solvers.scd.gpu_shuffle import epoch_keys, host_permutation
+    from terascale.solvers.scd.primal_kernels import primal_epoch
 
     s = cpu.solver
     if p.formulation == "dual":
@@ -165,10 +164,11 @@ def _cpu_proposal(cpu, p, round_index: int):
 def _same_state(loss: str, formulation: str, lam: float) -> dict:
     """GPU problem (one block walking the permutation: sequential SCD) and CPU problem on the
     same state, three adaptive rounds: every piece the loop reads, max relative error."""
-    from allreduce.communicator import LocalCommunicator
-    from solvers.scd.api import FORMULATIONS
-    from solvers.scd.gpu_problem import make_gpu_problem
-    from solvers.scd.params import CocoaParams
+    from terascale.allreduce.communicator import LocalCommunicator
+    from terascale.solvers.scd.api import FORMULATIONS
+    from terascale.solvers.scd.gpu_problem import make_gpu_problem
+    from terascale.solvers.scd.params import CocoaParams
+
     from tests.scd.helpers import make_data
 
     d = make_data(loss, n=ROWS, d=COLS, seed=2, weighted=True)
@@ -210,10 +210,11 @@ def _same_state(loss: str, formulation: str, lam: float) -> dict:
 def _train_case(loss: str, formulation: str, lam: float, max_rounds: int, tol: float,
                 _target: float) -> dict:
     """The CPU solver and the simulated GPU problem on the same objective, to a tight gap."""
-    from allreduce.communicator import LocalCommunicator
-    from solvers.scd.api import train_cocoa
-    from solvers.scd.gpu import train_cocoa_gpu
-    from solvers.scd.params import CocoaParams
+    from terascale.allreduce.communicator import LocalCommunicator
+    from terascale.solvers.scd.api import train_cocoa
+    from terascale.solvers.scd.gpu import train_cocoa_gpu
+    from terascale.solvers.scd.params import CocoaParams
+
     from tests.scd.helpers import make_data, model_vector, objective
 
     d = make_data(loss, n=ROWS, d=COLS, seed=1, weighted=True)
@@ -233,10 +234,11 @@ def _train_case(loss: str, formulation: str, lam: float, max_rounds: int, tol: f
 
 def _two_ranks(loss: str, formulation: str, empty: int | None) -> dict:
     """K = 2 ranks (TreeNodes in threads), each with its simulated GPU problem, vs K = 1 (CPU)."""
-    from allreduce.communicator import LocalCommunicator
-    from solvers.scd.api import train_cocoa
-    from solvers.scd.gpu import train_cocoa_gpu
-    from solvers.scd.params import CocoaParams
+    from terascale.allreduce.communicator import LocalCommunicator
+    from terascale.solvers.scd.api import train_cocoa
+    from terascale.solvers.scd.gpu import train_cocoa_gpu
+    from terascale.solvers.scd.params import CocoaParams
+
     from tests.scd.helpers import make_data, run_ranks, split_rows
 
     d = make_data(loss, n=ROWS, d=COLS, seed=3)
@@ -256,9 +258,10 @@ def _two_ranks(loss: str, formulation: str, empty: int | None) -> dict:
 
 def _resume(loss: str, formulation: str) -> dict:
     """Checkpoint (snapshot: the local vector comes down) and resume (restore: it goes up)."""
-    from allreduce.communicator import LocalCommunicator
-    from solvers.scd.gpu import train_cocoa_gpu
-    from solvers.scd.params import CocoaParams
+    from terascale.allreduce.communicator import LocalCommunicator
+    from terascale.solvers.scd.gpu import train_cocoa_gpu
+    from terascale.solvers.scd.params import CocoaParams
+
     from tests.scd.helpers import make_data
 
     d = make_data(loss, n=ROWS, d=COLS, seed=4, weighted=True)
@@ -276,10 +279,11 @@ def _resume(loss: str, formulation: str) -> dict:
 
 def _traffic(loss: str, formulation: str, rows: int) -> dict:
     """Host<->device bytes and copies of every round (between two ``apply`` calls)."""
-    from allreduce.communicator import LocalCommunicator
-    from solvers.scd.api import train_cocoa
-    from solvers.scd.gpu_problem import make_gpu_problem
-    from solvers.scd.params import CocoaParams
+    from terascale.allreduce.communicator import LocalCommunicator
+    from terascale.solvers.scd.api import train_cocoa
+    from terascale.solvers.scd.gpu_problem import make_gpu_problem
+    from terascale.solvers.scd.params import CocoaParams
+
     from tests.scd.helpers import make_data
 
     d = make_data(loss, n=rows, d=COLS, seed=5)
@@ -308,7 +312,7 @@ def _sim_main() -> None:
     import sys as _sys
 
     _sys.setswitchinterval(1e-5)  # the simulator polls its threads; a short GIL slice is ~20x faster
-    from solvers.scd.gpu import gpu_available
+    from terascale.solvers.scd.gpu import gpu_available
 
     out = {"available": gpu_available(), "seconds": {}}
 
@@ -439,7 +443,7 @@ def test_logistic_line_search_adds_scalars_only(sim):
 
 def test_gpu_module_imports_and_reports_without_cuda():
     """Without the simulator and without a device: import works, gpu_available says why."""
-    code = ("from solvers.scd.gpu import gpu_available; ok, why = gpu_available(); "
+    code = ("from terascale.solvers.scd.gpu import gpu_available; ok, why = gpu_available(); "
             "print('OK', ok, why)")
     env = dict(os.environ)
     env.pop("NUMBA_ENABLE_CUDASIM", None)
@@ -452,10 +456,11 @@ def test_gpu_module_imports_and_reports_without_cuda():
 
 
 def test_without_a_gpu_falls_back_to_the_cpu_solver_or_raises(monkeypatch):
-    from allreduce.communicator import LocalCommunicator
-    from solvers.scd import gpu
-    from solvers.scd.api import train_cocoa
-    from solvers.scd.params import CocoaParams
+    from terascale.allreduce.communicator import LocalCommunicator
+    from terascale.solvers.scd import gpu
+    from terascale.solvers.scd.api import train_cocoa
+    from terascale.solvers.scd.params import CocoaParams
+
     from tests.scd.helpers import make_data
 
     monkeypatch.setattr(gpu, "gpu_available", lambda: (False, "no device in this test"))
@@ -473,7 +478,7 @@ def test_without_a_gpu_falls_back_to_the_cpu_solver_or_raises(monkeypatch):
 
 def _big_data(loss: str, n: int = 260_000, per_row: int = 40, bits: int = 16, seed: int = 0):
     """Random sparse rows (per_row non-zeros each, >= 1e7 in all) with a planted model."""
-    from solvers.data import CSRData
+    from terascale.solvers.data import CSRData
 
     rng = np.random.default_rng(seed)
     d = 1 << bits
@@ -498,9 +503,9 @@ def _big_data(loss: str, n: int = 260_000, per_row: int = 40, bits: int = 16, se
 @pytest.mark.slow
 @pytest.mark.parametrize("formulation", ["dual", "primal"])
 def test_gpu_converges_on_1e7_nonzeros(formulation):
-    from allreduce.communicator import LocalCommunicator
-    from solvers.scd.gpu import train_cocoa_gpu
-    from solvers.scd.params import CocoaParams
+    from terascale.allreduce.communicator import LocalCommunicator
+    from terascale.solvers.scd.gpu import train_cocoa_gpu
+    from terascale.solvers.scd.params import CocoaParams
 
     data = _big_data("squared")
     assert data.nnz >= 10_000_000

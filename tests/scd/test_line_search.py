@@ -9,10 +9,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from scipy.optimize import minimize_scalar
-
-from allreduce.communicator import LocalCommunicator
-from solvers.scd import CocoaParams, train_cocoa
-from solvers.scd.line_search import (
+from terascale.allreduce.communicator import LocalCommunicator
+from terascale.solvers.scd import CocoaParams, train_cocoa
+from terascale.solvers.scd.line_search import (
     dual_line_sums,
     hinge_gamma,
     logistic_gamma,
@@ -21,9 +20,10 @@ from solvers.scd.line_search import (
     ridge_primal_gamma,
     seq_dot,
 )
-from solvers.scd.local_solver import DualLocalSolver, PrimalLocalSolver
-from solvers.scd.losses import loss_code
-from solvers.scd.partition import FeatureBlock, feature_block
+from terascale.solvers.scd.local_solver import DualLocalSolver, PrimalLocalSolver
+from terascale.solvers.scd.losses import loss_code
+from terascale.solvers.scd.partition import FeatureBlock, feature_block
+
 from tests.scd.helpers import dense_augmented, make_data, objective
 
 LAM = 1e-2
@@ -54,7 +54,7 @@ def _dual_proposal(data, loss, alpha, w):
     n_w = float(data.weights.sum(dtype=np.float64))
     cuts = np.linspace(0, data.n_rows, K + 1).astype(int)
     dalpha, dw = np.zeros_like(alpha), np.zeros_like(w)
-    from solvers.data import CSRData
+    from terascale.solvers.data import CSRData
 
     for k in range(K):
         a, b = cuts[k], cuts[k + 1]
@@ -133,7 +133,7 @@ def test_primal_gamma_equals_brute_force():
         new_beta, u = solver.solve(beta[cols], z, 1.0, 1, seed=5, rank=k, round_index=1)
         dbeta[cols] = new_beta - beta[cols]
         dz += u - z
-    from solvers.scd.primal_kernels import residual_direction_sums
+    from terascale.solvers.scd.primal_kernels import residual_direction_sums
 
     a, b = residual_direction_sums(z, dz, full.labels, full.weights)
     gamma = ridge_primal_gamma(a, b, seq_dot(beta, dbeta), seq_dot(dbeta, dbeta), LAM, n_w)

@@ -10,8 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize_scalar
-
-from solvers.scd.losses import (
+from terascale.solvers.scd.losses import (
     B_EPS,
     HINGE,
     LOGISTIC,
@@ -138,7 +137,7 @@ def test_logistic_step_takes_few_newton_steps_on_either_side_and_at_huge_q():
     and never near the cap for q up to 1e9.
     (Computing sigmoid(t) - b directly near b = 1 is rounding noise at huge q, and Newton then
     ran to its cap of 50; the solver works on the mirrored small side instead.)"""
-    from solvers.scd.losses import _logistic_root
+    from terascale.solvers.scd.losses import _logistic_root
 
     moderate, huge = [], []
     rng = np.random.default_rng(11)

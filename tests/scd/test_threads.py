@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from terascale.allreduce.communicator import LocalCommunicator
+from terascale.solvers.scd import CocoaParams, train_cocoa
 
-from allreduce.communicator import LocalCommunicator
-from solvers.scd import CocoaParams, train_cocoa
 from tests.scd.helpers import dense_augmented, make_data
 
 LAM = 1e-2
@@ -57,7 +57,7 @@ def test_sequential_order_is_a_permutation_of_whole_buckets(n, bucket):
     """The sequential solver's epoch order: every coordinate once, in runs of ``bucket``
     consecutive coordinates (the last run shorter), the runs shuffled; bucket 1 = a plain
     permutation. Same seed, same order."""
-    from solvers.scd.local_solver import _Schedule, epoch_rng
+    from terascale.solvers.scd.local_solver import _Schedule, epoch_rng
 
     sched = _Schedule(n, 1, bucket)
     order = sched.order(epoch_rng(0, 0, 1, 0))
@@ -73,9 +73,9 @@ def test_sequential_order_is_a_permutation_of_whole_buckets(n, bucket):
 @pytest.mark.skipif(__import__("numba").config.NUMBA_NUM_THREADS < 2,
                     reason="numba runs on one thread here")
 def test_threaded_gap_pass_equals_the_sequential_one_for_any_thread_count():
-    from solvers.scd.dual_kernels import dual_objective_sums, dual_objective_sums_chunked
-    from solvers.scd.local_solver import numba_threads
-    from solvers.scd.losses import LOGISTIC
+    from terascale.solvers.scd.dual_kernels import dual_objective_sums, dual_objective_sums_chunked
+    from terascale.solvers.scd.local_solver import numba_threads
+    from terascale.solvers.scd.losses import LOGISTIC
 
     data = make_data("logistic", n=301, seed=5)
     rng = np.random.default_rng(3)

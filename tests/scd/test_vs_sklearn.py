@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from terascale.allreduce.communicator import LocalCommunicator
+from terascale.solvers.scd import CocoaParams, train_cocoa
 
-from allreduce.communicator import LocalCommunicator
-from solvers.scd import CocoaParams, train_cocoa
 from tests.scd.helpers import (
     breast_cancer,
     diabetes,

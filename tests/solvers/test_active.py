@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from terascale.allreduce.communicator import LocalCommunicator
+from terascale.solvers.active import ActiveFeatures, _word_layout, agree_marks
+from terascale.solvers.api import SolverParams
+from terascale.solvers.data import CSRData
+from terascale.solvers.errors import InvalidInputError
+from terascale.solvers.kernels.losses import LOSS_IDS
+from terascale.solvers.lbfgs import LBFGSPhase
+from terascale.solvers.objective import DistributedObjective
+from terascale.solvers.run import TrainRun
+from terascale.solvers.setup import AgreeingCommunicator, Inputs
+from terascale.solvers.shard import Shard
+from terascale.solvers.state import check_resume
+from terascale.solvers.tracker import PassTracker
 
-from allreduce.communicator import LocalCommunicator
-from solvers.active import ActiveFeatures, _word_layout, agree_marks
-from solvers.api import SolverParams
-from solvers.data import CSRData
-from solvers.errors import InvalidInputError
-from solvers.kernels.losses import LOSS_IDS
-from solvers.lbfgs import LBFGSPhase
-from solvers.objective import DistributedObjective
-from solvers.run import TrainRun
-from solvers.setup import AgreeingCommunicator, Inputs
-from solvers.shard import Shard
-from solvers.state import check_resume
-from solvers.tracker import PassTracker
 from tests.allreduce.harness import run_tree
 from tests.solvers.helpers import TREE_NODE_KWARGS, binary_rows, keep, planted_problem, train_local
 

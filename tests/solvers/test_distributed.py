@@ -8,11 +8,11 @@ import time
 
 import numpy as np
 import pytest
+from terascale.solvers.api import SolverParams, train
+from terascale.solvers.kernels.losses import LOSS_IDS
+from terascale.solvers.kernels.online import G, W, new_state, online_pass
+from terascale.solvers.shard import Shard
 
-from solvers.api import SolverParams, train
-from solvers.kernels.losses import LOSS_IDS
-from solvers.kernels.online import G, W, new_state, online_pass
-from solvers.shard import Shard
 from tests.allreduce.harness import run_tree
 from tests.solvers.helpers import (
     TREE_NODE_KWARGS,
@@ -93,7 +93,7 @@ def test_untouched_coordinates_stay_zero():
     data = planted_problem(n=200, d=30, seed=32)
     x = data.to_scipy().tolil()
     x[:, 7] = 0  # feature 7 never occurs
-    from solvers.data import CSRData
+    from terascale.solvers.data import CSRData
 
     data = CSRData.from_scipy(x.tocsr(), data.labels, n_features=30)
     res = train_on_tree(split_rows(data, 2), SolverParams(solver="online", passes=2))[0]
@@ -113,7 +113,7 @@ def test_the_averaging_kernels_give_numpys_float32_bits():
     """pack_for_average / unpack_average compute in one pass what the float32 numpy formulas do
     over the rows ``ids`` and the intercept's: the same bits (products, quotients, 0 where
     Σ G = 0, G / K); the other rows are left as they are."""
-    from solvers.kernels.online import pack_for_average, unpack_average
+    from terascale.solvers.kernels.online import pack_for_average, unpack_average
 
     rng = np.random.default_rng(40)
     state = rng.normal(size=(1000, 3)).astype(np.float32)
@@ -140,7 +140,7 @@ def test_the_averaging_kernels_give_numpys_float32_bits():
 def test_averaging_the_marked_rows_gives_the_bits_of_averaging_every_row():
     """Rows that are 0 (w and G) on every rank stay 0 either way: averaging only the features some
     rank marked (data, or non-zero state) leaves every rank's table as averaging all rows."""
-    from solvers.kernels.online import mark_state, pack_for_average, unpack_average
+    from terascale.solvers.kernels.online import mark_state, pack_for_average, unpack_average
 
     rng = np.random.default_rng(43)
     d1, k = 2001, 3

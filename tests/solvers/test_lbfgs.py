@@ -8,12 +8,12 @@ import io
 
 import numpy as np
 import pytest
+from terascale.pipeline.blocks import BlockParser
+from terascale.pipeline.spec import FeatureSpec
+from terascale.solvers.api import SolverParams
+from terascale.solvers.data import CSRData
+from terascale.solvers.linesearch import strong_wolfe
 
-from pipeline.blocks import BlockParser
-from pipeline.spec import FeatureSpec
-from solvers.api import SolverParams
-from solvers.data import CSRData
-from solvers.linesearch import strong_wolfe
 from tests.solvers.helpers import (
     objective_np,
     planted_problem,
@@ -182,7 +182,7 @@ def test_hinge_starts_at_step_one_and_a_bad_newton_step_falls_back_to_one():
     number gives step 1 too."""
     import math
 
-    from solvers.lbfgs import LBFGSPhase
+    from terascale.solvers.lbfgs import LBFGSPhase
 
     data = planted_problem(n=400, d=20, seed=31)
     res = train_local(data, SolverParams(solver="hybrid", loss="hinge", l2=1e-3, passes=8))

@@ -5,10 +5,9 @@ reference."""
 from __future__ import annotations
 
 import numpy as np
-
-from solvers.kernels.vector import dot, pair_products
-from solvers.lbfgs_memory import LBFGSMemory
-from solvers.preconditioner import Jacobi, TwoLevel
+from terascale.solvers.kernels.vector import dot, pair_products
+from terascale.solvers.lbfgs_memory import LBFGSMemory
+from terascale.solvers.preconditioner import Jacobi, TwoLevel
 
 
 def _pair(rng, n):
@@ -87,7 +86,7 @@ def test_direction_matches_the_dense_bfgs_update():
 def test_float32_products_are_widened_before_multiplying():
     """numba types ``float(x)`` of a float32 as float32: the kernels widen with np.float64, so
     s·y of float32 pairs carries float64 products (the L-BFGS ρ and curvature test)."""
-    from solvers.kernels.vector import weighted_dot
+    from terascale.solvers.kernels.vector import weighted_dot
 
     rng = np.random.default_rng(3)
     a, b = rng.normal(size=4).astype(np.float32), rng.normal(size=4).astype(np.float32)

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from terascale.allreduce.communicator import LocalCommunicator
+from terascale.solvers.active import ActiveFeatures
+from terascale.solvers.api import SolverParams
+from terascale.solvers.data import CSRData
+from terascale.solvers.kernels.features import number_by_first_use
+from terascale.solvers.kernels.losses import LOSS_IDS
+from terascale.solvers.local_table import LocalTable
+from terascale.solvers.objective import shard_sums, table_sums
+from terascale.solvers.shard import Shard
 
-from allreduce.communicator import LocalCommunicator
-from solvers.active import ActiveFeatures
-from solvers.api import SolverParams
-from solvers.data import CSRData
-from solvers.kernels.features import number_by_first_use
-from solvers.kernels.losses import LOSS_IDS
-from solvers.local_table import LocalTable
-from solvers.objective import shard_sums, table_sums
-from solvers.shard import Shard
 from tests.solvers.helpers import binary_rows, copy_data, objective_np, planted_problem, train_local
 
 

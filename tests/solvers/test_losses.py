@@ -10,8 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.integrate import solve_ivp
-
-from solvers.kernels.losses import (
+from terascale.solvers.kernels.losses import (
     HINGE,
     LOGISTIC,
     LOSS_IDS,

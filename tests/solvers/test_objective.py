@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from terascale.allreduce.communicator import LocalCommunicator
+from terascale.solvers import objective as obj_mod
+from terascale.solvers.errors import DivergenceError
+from terascale.solvers.kernels.losses import LOSS_IDS
+from terascale.solvers.kernels.objective import BAD_MARGIN, OK, loss_grad_hess
+from terascale.solvers.kernels.sampling import SAMPLE_RUN
+from terascale.solvers.objective import DistributedObjective
+from terascale.solvers.predict import decision_function, predict_proba
+from terascale.solvers.setup import Inputs
+from terascale.solvers.shard import Shard
 
-from allreduce.communicator import LocalCommunicator
-from solvers import objective as obj_mod
-from solvers.errors import DivergenceError
-from solvers.kernels.losses import LOSS_IDS
-from solvers.kernels.objective import BAD_MARGIN, OK, loss_grad_hess
-from solvers.kernels.sampling import SAMPLE_RUN
-from solvers.objective import DistributedObjective
-from solvers.predict import decision_function, predict_proba
-from solvers.setup import Inputs
-from solvers.shard import Shard
 from tests.solvers.helpers import objective_np, planted_problem
 
 L2 = 0.03
@@ -124,8 +124,8 @@ def test_prediction_matches_scipy():
 
 
 def _table_objective(data, loss, l2=L2):
-    from solvers.active import ActiveFeatures
-    from solvers.local_table import LocalTable
+    from terascale.solvers.active import ActiveFeatures
+    from terascale.solvers.local_table import LocalTable
 
     obj = _objective(data, loss, l2)
     table = LocalTable(obj.shard)

@@ -10,11 +10,18 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from scipy.integrate import solve_ivp
-
-from solvers.data import CSRData
-from solvers.kernels.losses import LOSS_IDS, loss_derivative, loss_value
-from solvers.kernels.online import OK, G, S, W, new_state, online_pass, restore_normalizers
-from solvers.shard import Shard
+from terascale.solvers.data import CSRData
+from terascale.solvers.kernels.losses import LOSS_IDS, loss_derivative, loss_value
+from terascale.solvers.kernels.online import (
+    OK,
+    G,
+    S,
+    W,
+    new_state,
+    online_pass,
+    restore_normalizers,
+)
+from terascale.solvers.shard import Shard
 
 
 def _ode_margin(lid, m0, y, h, kappa):

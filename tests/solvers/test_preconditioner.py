@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from terascale.allreduce.communicator import LocalCommunicator
+from terascale.solvers.active import ActiveFeatures
+from terascale.solvers.api import SolverParams
+from terascale.solvers.data import CSRData
+from terascale.solvers.kernels import coarse as KC
+from terascale.solvers.kernels.losses import LOSS_IDS
+from terascale.solvers.kernels.sampling import SAMPLE_RUN
+from terascale.solvers.local_table import LocalTable
+from terascale.solvers.preconditioner import TwoLevel, coarse_matrix, compact_groups
+from terascale.solvers.shard import Shard
 
-from allreduce.communicator import LocalCommunicator
-from solvers.active import ActiveFeatures
-from solvers.api import SolverParams
-from solvers.data import CSRData
-from solvers.kernels import coarse as KC
-from solvers.kernels.losses import LOSS_IDS
-from solvers.kernels.sampling import SAMPLE_RUN
-from solvers.local_table import LocalTable
-from solvers.preconditioner import TwoLevel, coarse_matrix, compact_groups
-from solvers.shard import Shard
 from tests.solvers.helpers import (
     keep,
     objective_np,
@@ -96,7 +96,7 @@ def test_the_coarse_matrix_samples_every_stride_th_run_of_rows():
     k = sizes.size + 1
     E = np.zeros((k, k))
     s = table.shard
-    from solvers.kernels.features import load_column
+    from terascale.solvers.kernels.features import load_column
 
     t = np.zeros((table.size + 1, 2))
     load_column(theta, table.compact_of, t, 0)

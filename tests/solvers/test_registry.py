@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from terascale.solvers.api import SOLVERS, SolverParams
+from terascale.solvers.registry import register_solver
 
-from solvers.api import SOLVERS, SolverParams
-from solvers.registry import register_solver
 from tests.solvers.helpers import keep, planted_problem, train_local
 
 

@@ -16,18 +16,18 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     import pyarrow as pa
     from numba.core.registry import CPUDispatcher
-    import solvers.kernels.coarse, solvers.kernels.features, solvers.kernels.objective
-    import solvers.kernels.online, solvers.kernels.vector, solvers.shard
-    from allreduce.communicator import LocalCommunicator
-    from pipeline.dataset import tables_to_csr
-    from solvers.api import train
-    from solvers.params import SolverParams
-    from solvers.warmup import warm_up
+    import terascale.solvers.kernels.coarse, terascale.solvers.kernels.features, terascale.solvers.kernels.objective
+    import terascale.solvers.kernels.online, terascale.solvers.kernels.vector, terascale.solvers.shard
+    from terascale.allreduce.communicator import LocalCommunicator
+    from terascale.pipeline.dataset import tables_to_csr
+    from terascale.solvers.api import train
+    from terascale.solvers.params import SolverParams
+    from terascale.solvers.warmup import warm_up
 
     def overloads():
         out = {}
         for name, mod in list(sys.modules.items()):
-            if name.startswith("solvers"):
+            if name.startswith("terascale.solvers"):
                 for attr, f in vars(mod).items():
                     if isinstance(f, CPUDispatcher):
                         out[f"{f.__module__}.{attr}"] = len(f.overloads)

@@ -1,6 +1,6 @@
 """Publish a model: atomically point the ``current`` pointer at it (a thin entry point).
 
-    spark-submit --master yarn --deploy-mode client jobs/publish.py \
+    spark-submit --master yarn --deploy-mode client jobs/submit/publish.py \
         --model hdfs:///models/ctr/dt=2024-03-05 --pointer hdfs:///models/ctr/current \
         --metrics hdfs:///models/ctr/metrics/dt=2024-03-05.json
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from jobs.cli import main as cli_main
+from terascale.jobs.cli import main as cli_main
 
 
 def main(argv: list[str] | None = None) -> int:

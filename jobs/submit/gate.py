@@ -1,6 +1,6 @@
 """Quality gate: fail when the new model regresses against the published one (a thin entry point).
 
-    spark-submit --master yarn --deploy-mode client jobs/gate.py \
+    spark-submit --master yarn --deploy-mode client jobs/submit/gate.py \
         --metrics hdfs:///models/ctr/metrics/dt=2024-03-05.json \
         --baseline hdfs:///models/ctr/current --metric logloss --max-regression 0.01
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from jobs.cli import main as cli_main
+from terascale.jobs.cli import main as cli_main
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Train a model on a featurized dataset (a thin spark-submit entry point).
 
-    spark-submit --master local[4] jobs/train.py \
+    spark-submit --master local[4] jobs/submit/train.py \
         --input data/train --model models/ctr --conf conf/train.yaml --set train.workers=4
 
 The same as ``terascale train ...``; see ``terascale train --help`` for the flags.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from jobs.cli import main as cli_main
+from terascale.jobs.cli import main as cli_main
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Evaluate a model on a featurized dataset (a thin spark-submit entry point).
 
-    spark-submit --master local[4] jobs/evaluate.py \
+    spark-submit --master local[4] jobs/submit/evaluate.py \
         --input data/test --model models/ctr --out metrics.json
 
 The same as ``terascale evaluate ...``; see ``terascale evaluate --help`` for the flags.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from jobs.cli import main as cli_main
+from terascale.jobs.cli import main as cli_main
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Featurize raw click logs into hashed Parquet (a thin spark-submit entry point).
 
-    spark-submit --master local[2] jobs/featurize.py \
+    spark-submit --master local[2] jobs/submit/featurize.py \
         --input 'logs/day_0/*.tsv.gz' --output data/day_0 --conf conf/featurize.yaml \
         --set featurize.bits=24
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from jobs.cli import main as cli_main
+from terascale.jobs.cli import main as cli_main
 
 
 def main(argv: list[str] | None = None) -> int:

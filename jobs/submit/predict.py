@@ -1,6 +1,6 @@
 """Score a featurized dataset with a model (a thin spark-submit entry point).
 
-    spark-submit --master local[4] jobs/predict.py \
+    spark-submit --master local[4] jobs/submit/predict.py \
         --input data/test --model models/ctr --output predictions/
 
 The same as ``terascale predict ...``; see ``terascale predict --help`` for the flags.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from jobs.cli import main as cli_main
+from terascale.jobs.cli import main as cli_main
 
 
 def main(argv: list[str] | None = None) -> int:
