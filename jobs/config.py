@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,17 @@ from terascale.allreduce.ciphers import CIPHERS, DEFAULT_CIPHER
 from terascale.pipeline.redact import redact, shown
 from terascale.pipeline.sampling import CALIBRATIONS
 from terascale.pipeline.spec import MAX_BITS
+from terascale.solvers.catalogue import PARAMS as SOLVER_PARAMS
+from terascale.solvers.constraints import (  # noqa: F401 - ConfigError and the constraint types are this module's API too
+    ConfigError,
+    Interval,
+    OneOf,
+    Pattern,
+    SubsetOf,
+    check,
+    param,
+)
+from terascale.solvers.constraints import freeze as _freeze
 from terascale.solvers.params import SolverParams
 
 CRITEO_INT_FIELDS = tuple(f"I{k}" for k in range(1, 14))
@@ -30,99 +40,8 @@ CRITEO_CAT_FIELDS = tuple(f"C{k}" for k in range(1, 27))
 CRITEO_FIELDS = CRITEO_INT_FIELDS + CRITEO_CAT_FIELDS
 
 
-class ConfigError(ValueError):
-    """A configuration key, value or file is not acceptable."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Constraints, declared as data; one error format for all of them.
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-
-@dataclass(frozen=True)
-class Interval:
-    lo: float | None = None
-    hi: float | None = None
-    integer: bool = False
-    lo_open: bool = False
-
-    def ok(self, v: Any) -> bool:
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            return False
-        if self.integer and not isinstance(v, int):
-            return False
-        if isinstance(v, float) and not math.isfinite(v):
-            return False
-        if self.lo is not None and (v < self.lo or (self.lo_open and v == self.lo)):
-            return False
-        return self.hi is None or v <= self.hi
-
-    def describe(self) -> str:
-        kind = "an integer" if self.integer else "a finite number"
-        lo = "-inf" if self.lo is None else _num(self.lo)
-        hi = "inf" if self.hi is None else _num(self.hi)
-        return f"{kind} in {'(' if self.lo_open or self.lo is None else '['}{lo}, {hi}]"
-
-
-@dataclass(frozen=True)
-class OneOf:
-    options: tuple[Any, ...]
-
-    def ok(self, v: Any) -> bool:
-        return v in self.options
-
-    def describe(self) -> str:
-        return "one of " + ", ".join(repr(o) for o in self.options)
-
-
-@dataclass(frozen=True)
-class SubsetOf:
-    options: tuple[str, ...]
-
-    def ok(self, v: Any) -> bool:
-        return all(x in self.options for x in v) and len(set(v)) == len(v)
-
-    def describe(self) -> str:
-        if len(self.options) <= 6:
-            return "distinct names from " + ", ".join(self.options)
-        return f"distinct names from {self.options[0]}..{self.options[-1]}"
-
-
-@dataclass(frozen=True)
-class Pattern:
-    """A free-form string; ``nonempty`` says whether '' is allowed."""
-
-    nonempty: bool = True
-
-    def ok(self, v: Any) -> bool:
-        return isinstance(v, str) and (bool(v) or not self.nonempty)
-
-    def describe(self) -> str:
-        return "a non-empty string" if self.nonempty else "a string"
-
-
-def param(default: Any, help: str, constraint: Any = None) -> Any:
-    """Declare one configuration parameter."""
-    meta = {"help": help, "constraint": constraint}
-    if isinstance(default, (list, dict, tuple)):
-        frozen = _freeze(default)
-        return field(default_factory=lambda: frozen, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
 def section(cls: type, help: str) -> Any:
     return field(default_factory=cls, metadata={"help": help, "section": True})
-
-
-def _freeze(v: Any) -> Any:
-    if isinstance(v, dict):
-        return tuple(sorted((str(k), str(x)) for k, x in v.items()))
-    if isinstance(v, (list, tuple)):
-        return tuple(_freeze(x) for x in v)
-    return v
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,46 +133,20 @@ class InjectConf:
     late_s: float = param(0.0, "chaos drill: how long late_shard pauses", Interval(0.0, 86400.0))
 
 
-_SP = SolverParams()  # the solvers' own defaults: declared once, there
-
-
 @dataclass(frozen=True)
-class TrainConf:
+class _TrainJobHead:
+    """train.* keys of the job that come before the solver's."""
+
     workers: int = param(2, "K: number of shards and AllReduce ranks", Interval(1, 4096, integer=True))
     spares: int = param(0, "S: spare barrier tasks that race the slowest shard's first pass", Interval(0, 4096, integer=True))
     max_attempts: int = param(3, "driver-side attempts of the barrier stage (Spark does not retry it)", Interval(1, 100, integer=True))
-    solver: str = param(_SP.solver, "hybrid (online pass + weighted average, then L-BFGS), online, lbfgs, "
-                        "cocoa (SCD local solver, CoCoA aggregation)", OneOf(("hybrid", "online", "lbfgs", "cocoa")))
-    loss: str = param(_SP.loss, "logistic (labels 0/1), squared, hinge", OneOf(("logistic", "squared", "hinge")))
-    l2: float = param(_SP.l2, "lambda of the mean-form objective (1/sum w) sum w*loss + lambda/2 |beta|^2", Interval(0, None))
-    passes: int = param(_SP.passes, "maximum passes over the data, online passes included", Interval(1, 100000, integer=True))
-    online_passes: int = param(_SP.online_passes, "hybrid: online passes before L-BFGS starts", Interval(0, 100000, integer=True))
-    learning_rate: float = param(_SP.learning_rate, "online learning rate (Vowpal Wabbit's -l)", Interval(0, None, lo_open=True))
-    lbfgs_memory: int = param(_SP.lbfgs_memory, "L-BFGS correction pairs kept", Interval(1, 1000, integer=True))
-    lbfgs_newton_steps: int = param(_SP.lbfgs_newton_steps, "while L-BFGS holds fewer curvature pairs than this, "
-                                    "its line search starts at the 1-D Newton step along the direction (one curvature "
-                                    "pass each) instead of step 1; 0 = always step 1", Interval(0, 1000, integer=True))
-    lbfgs_curvature_rows: int = param(_SP.lbfgs_curvature_rows, "the curvature pass of a Newton step samples about "
-                                      "this many rows per rank (runs of 512, scaled to the rank's weight); "
-                                      "0 = every row", Interval(0, 1_000_000_000, integer=True))
-    lbfgs_coarse: bool = param(_SP.lbfgs_coarse, "L-BFGS: add the field-level coarse correction (one column per "
-                               "field of the dataset's group map, and the intercept) to the Jacobi preconditioner")
-    tol: float = param(_SP.tol, "relative tolerance on the gradient norm and the objective change", Interval(0, 1))
-    early_stop_passes: int = param(_SP.early_stop_passes, "stop after this many passes without a better held-out loss (0: off)", Interval(0, 100000, integer=True))
-    local_epochs: int = param(_SP.local_epochs, "cocoa: local SCD epochs per round (H)", Interval(1, 1000000, integer=True))
-    aggregation: str = param(_SP.aggregation, "cocoa: adaptive (optimal step gamma), avg (1/K) or add (CoCoA+)",
-                             OneOf(("adaptive", "avg", "add")))
-    threads: int = param(_SP.threads, "cocoa: local solver threads per worker", Interval(1, 1024, integer=True))
-    formulation: str = param(_SP.formulation, "cocoa: dual, or primal (squared loss only)", OneOf(("dual", "primal")))
-    partition: str = param(_SP.partition, "cocoa: fixed shards, or redeal (dual, CPU): every worker gathers all rows "
-                           "once (workers x the memory) and the rows are dealt afresh every round", OneOf(("fixed", "redeal")))
-    device: str = param(_SP.device, "cocoa: local solver on cpu, gpu (TPA-SCD; one GPU per task via Spark's "
-                        "spark.task.resource.gpu.amount), or auto (the GPU if the task has one, else the CPU)",
-                        OneOf(("cpu", "gpu", "auto")))
+
+
+@dataclass(frozen=True)
+class _TrainJobTail:
+    """train.* keys of the job that come after the solver's."""
+
     holdout_period: int = param(10, "every Nth row of each shard is held out for early stopping (VW's --holdout_period); 0 = none", Interval(0, 1000000, integer=True))
-    seed: int = param(_SP.seed, "seed of any shuffling", Interval(0, 2**32 - 1, integer=True))
-    shuffle: bool = param(_SP.shuffle, "shuffle the rows of each online pass (off: stored order, like VW)")
-    invariant: bool = param(_SP.invariant, "importance-invariant online updates")
     init_model: str = param("", "warm-start from this model directory (its feature spec must equal the data's)", Pattern(nonempty=False))
     overwrite: bool = param(False, "replace an existing model at --model (atomically); without it train refuses "
                             "one (anything that is not a terascale model is always refused)")
@@ -273,6 +166,29 @@ class TrainConf:
         "elsewhere unknown (the preflight then only logs its estimate)", Interval(0, None, integer=True))
     progress: str = param("auto", "driver console progress (pass, rows, objective, ETA): auto = a bar on a terminal, log lines otherwise", OneOf(("auto", "bar", "log")))
     inject: InjectConf = section(InjectConf, "fault injection for tests and chaos drills; off by default")
+
+
+def _copy(f: dataclasses.Field, typ: Any) -> tuple[str, Any, dataclasses.Field]:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.name, typ, field(default_factory=f.default_factory, metadata=f.metadata)
+    return f.name, typ, field(default=f.default, metadata=f.metadata)
+
+
+#: the train section: the job's keys and, in between, every solver parameter as the catalogue
+#: declares it (terascale.solvers.catalogue.PARAMS): a solver's parameters are declared once
+TrainConf = dataclasses.make_dataclass(
+    "TrainConf",
+    [_copy(f, f.type) for f in dataclasses.fields(_TrainJobHead)]
+    + [_copy(f, type(f.default)) for f in SOLVER_PARAMS]
+    + [_copy(f, f.type) for f in dataclasses.fields(_TrainJobTail)],
+    frozen=True,
+    namespace={"__module__": __name__, "__doc__": "The train section (job keys and the catalogue's solver parameters)."},
+)
+
+
+def solver_params(t: Any) -> SolverParams:
+    """The SolverParams of a train section (validated: the solver's cross-checks run here)."""
+    return SolverParams(**{f.name: getattr(t, f.name) for f in SOLVER_PARAMS})
 
 
 @dataclass(frozen=True)
@@ -423,9 +339,7 @@ def _coerce(key: str, typ: Any, value: Any, raw: bool) -> Any:
 
 
 def _check(key: str, f: dataclasses.Field, value: Any) -> None:
-    c = f.metadata.get("constraint")
-    if c is not None and not c.ok(value):
-        raise ConfigError(f"{key} = {shown(key, value)!r}: must be {c.describe()}")
+    check(key, f, value, show=shown)
 
 
 def _cross_checks(cfg: Config) -> None:
@@ -448,16 +362,7 @@ def _cross_checks(cfg: Config) -> None:
             # the value is not shown: a malformed mapping cannot be redacted key by key
             raise ConfigError("spark.conf: must be a mapping of setting -> value, not a list "
                               "(YAML: spark: {conf: {spark.executor.memory: 4g}})")
-    t = cfg.train
-    if t.solver == "cocoa" and t.formulation == "primal" and t.loss != "squared":
-        raise ConfigError(f"train.formulation = 'primal': needs train.loss = 'squared' (got {t.loss!r}); "
-                          "use train.formulation=dual")
-    if t.solver == "cocoa" and t.partition == "redeal" and t.formulation != "dual":
-        raise ConfigError(f"train.partition = 'redeal': needs train.formulation = 'dual' (got {t.formulation!r}); "
-                          "re-dealing moves examples, the primal solver owns features")
-    if t.solver == "cocoa" and t.partition == "redeal" and t.device == "gpu":
-        raise ConfigError("train.partition = 'redeal' runs on the CPU only: set train.device to 'cpu' or 'auto', "
-                          "or train.partition=fixed for the GPU solver")
+    solver_params(cfg.train)  # the solver's own cross-checks (the catalogue's SolverSpec.check)
     if cfg.train.inject.slow_shard >= cfg.train.workers:
         raise ConfigError(
             f"train.inject.slow_shard = {cfg.train.inject.slow_shard}: must be -1 or a shard in [0, {cfg.train.workers - 1}]"

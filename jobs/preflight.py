@@ -48,6 +48,7 @@ import re
 from dataclasses import dataclass, field
 
 from terascale.jobs.config import ConfigError
+from terascale.solvers.catalogue import solver_spec
 
 MIB = 1 << 20
 BASELINE_BYTES = 448 * MIB  # one Python worker's RSS before its shard (see module docstring)
@@ -132,14 +133,15 @@ def estimate(t, n_features: int, shard: ShardSize, active: int, workers: int, ch
     n, z = shard.rows, shard.nnz
     d = D if warm_start else min(D, active)
     f = min(D, z, active)
-    solver = t.solver
+    spec = solver_spec(t.solver)
+    redeal = "cocoa" in spec.phases and t.partition == "redeal"
     csr = 8 * (n + 1) + 8 * z + 8 * n
-    if solver == "cocoa" and t.partition == "redeal":
+    if redeal:
         csr *= workers  # every rank gathers all rows
     base = {"process baseline": BASELINE_BYTES, "shard CSR": csr}
     read = {"Arrow tables while reading": 4 * z + 4 * shard.nnz_values + 16 * n}
-    split = {"held-out split copy": csr} if t.holdout_period > 0 and solver != "cocoa" else {}
-    if solver == "cocoa" and t.partition == "redeal":
+    split = {"held-out split copy": csr} if t.holdout_period > 0 and spec.holdout else {}
+    if redeal:
         split = {"rows in flight while gathering": csr}
     online = {
         "online table w, G, s (12 B x 2^bits)": 12 * (D + 1),
@@ -166,8 +168,8 @@ def estimate(t, n_features: int, shard: ShardSize, active: int, workers: int, ch
         "feature counts (4 B x 2^bits)": 4 * D,
         "returned weights (8 B x 2^bits)": 8 * D,
     }
-    states = {"online": {"online passes": online}, "lbfgs": {"L-BFGS": lbfgs}, "cocoa": {"CoCoA rounds": cocoa},
-              "hybrid": {"online passes": online, "L-BFGS": lbfgs}}[solver]
+    by_phase = {"online": ("online passes", online), "lbfgs": ("L-BFGS", lbfgs), "cocoa": ("CoCoA rounds", cocoa)}
+    states = dict(by_phase[p] for p in spec.phases)
     phases = {"read": read, "split": split}
     phases.update({k: {**v, "AllReduce chunk buffers": 3 * chunk_bytes} for k, v in states.items()})
     phase = max(phases, key=lambda k: sum(phases[k].values()))

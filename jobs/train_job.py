@@ -18,6 +18,7 @@ import uuid
 from terascale.allreduce.spark import BarrierError, NetConf, run_barrier
 from terascale.jobs import checkpoint, preflight
 from terascale.jobs.config import Config, to_dict
+from terascale.jobs.config import solver_params as config_solver_params
 from terascale.jobs.progress import ProgressMonitor
 from terascale.jobs.run_checkpoints import RunCheckpoints
 from terascale.jobs.train_task import Inject, TaskSpec, run_train_task
@@ -27,6 +28,7 @@ from terascale.pipeline.manifest import MANIFEST, DatasetError, read_manifest
 from terascale.pipeline.pointer import resolve_model, served_by
 from terascale.pipeline.sampling import dataset_negative_rate
 from terascale.pipeline.spec import check_bits
+from terascale.solvers.catalogue import solver_spec
 from terascale.solvers.params import SolverParams
 
 log = logging.getLogger("terascale.train")
@@ -45,8 +47,7 @@ class TrainError(RuntimeError):
 
 
 def solver_params(cfg: Config) -> SolverParams:
-    t = cfg.train
-    return SolverParams(**{f.name: getattr(t, f.name) for f in dataclasses.fields(SolverParams)})
+    return config_solver_params(cfg.train)
 
 
 def _progress_tty(cfg: Config) -> bool | None:
@@ -84,7 +85,7 @@ def check_outputs(cfg: Config, data_dir: str, model_dir: str) -> None:
 def _groups_path(data_dir: str, manifest: dict, params: SolverParams) -> str:
     """The dataset's group map when the L-BFGS phase will use it (``lbfgs_coarse``), else ""."""
     entry = manifest.get("groups")
-    if not entry or not params.lbfgs_coarse or params.solver not in ("lbfgs", "hybrid"):
+    if not entry or not params.lbfgs_coarse or "lbfgs" not in solver_spec(params.solver).phases:
         return ""
     return fsutil.join(fsutil.normalize(data_dir), entry["path"])
 
@@ -155,8 +156,8 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     staging = modeldir.staging_dir(model_dir, run_id)
     task = TaskSpec(
         shards=tuple(tuple(s) for s in shards), n_features=1 << int(spec["bits"]), params=params,
-        # CoCoA stops on the duality gap and uses no held-out rows: train on all of them
-        holdout_period=0 if params.solver == "cocoa" else t.holdout_period, checkpoint_dir=run_ckpt.dir, checkpoint_interval_s=t.checkpoint_interval_s,
+        # a solver without a held-out split (CoCoA stops on the duality gap) trains on all rows
+        holdout_period=t.holdout_period if solver_spec(params.solver).holdout else 0, checkpoint_dir=run_ckpt.dir, checkpoint_interval_s=t.checkpoint_interval_s,
         staging_dir=staging,
         inject=Inject(**dataclasses.asdict(t.inject)), init_weights=init_model,
         groups_path=_groups_path(data_dir, manifest, params),

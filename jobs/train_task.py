@@ -23,8 +23,8 @@ from terascale.pipeline import fsutil, modeldir
 from terascale.pipeline.dataset import ShardPart, read_csr
 from terascale.pipeline.groups import load_map
 from terascale.solvers.api import train
+from terascale.solvers.catalogue import solver_spec
 from terascale.solvers.params import SolverParams
-from terascale.solvers.registry import RESUME_CHECKS
 from terascale.solvers.state import check_resume
 from terascale.solvers.warmup import start_warm_up
 
@@ -232,7 +232,7 @@ def _where(spec: TaskSpec, rank: int) -> str:
 
 def _fits(spec: TaskSpec, entry, state: dict) -> dict:
     try:
-        RESUME_CHECKS.get(spec.params.solver, check_resume)(state, spec.params, spec.n_features)
+        (solver_spec(spec.params.solver).check_resume or check_resume)(state, spec.params, spec.n_features)
     except ValueError as e:
         raise checkpoint.CheckpointError(f"checkpoint {entry.manifest} does not fit this run: {e}") from None
     return state

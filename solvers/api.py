@@ -4,8 +4,8 @@
     result = train(shard, comm, SolverParams(solver="hybrid", l2=1e-6), holdout=held_out)
 
 Every rank calls ``train`` with its own shard and the same parameters. The solver is looked up
-in the registry (:data:`SOLVERS`; the built-in "online", "lbfgs" and "hybrid" are registered
-by importing this module, plugins register themselves). Before any other collective, all
+in the catalogue (:data:`SOLVERS`, :mod:`terascale.solvers.catalogue`; plugins register a
+:class:`SolverSpec` of their own). Before any other collective, all
 ranks validate their inputs locally; they agree on them (and on the totals) in the first
 collective, after the first pass (:mod:`solvers.setup`).
 """
@@ -16,23 +16,18 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import terascale.solvers.cocoa_solver  # noqa: F401 - registers "cocoa"
-import terascale.solvers.hybrid  # noqa: F401 - registers "hybrid"
-import terascale.solvers.lbfgs  # noqa: F401 - registers "lbfgs"
-import terascale.solvers.online  # noqa: F401 - registers "online"
 from terascale.allreduce.communicator import Communicator
+from terascale.solvers.catalogue import SOLVERS, SolverSpec, loss_spec, register_solver, solver_spec
 from terascale.solvers.data import NO_GROUP, CSRData
 from terascale.solvers.errors import NonFiniteInputError
-from terascale.solvers.kernels.losses import LOSS_IDS
 from terascale.solvers.objective import DistributedObjective
 from terascale.solvers.params import SolverParams
-from terascale.solvers.registry import RESUME_CHECKS, SOLVERS, get_solver, register_solver
 from terascale.solvers.run import TrainResult, TrainRun, rows_reporter
 from terascale.solvers.setup import AgreeingCommunicator, Inputs
 from terascale.solvers.state import check_resume
 from terascale.solvers.tracker import PassTracker
 
-__all__ = ["SOLVERS", "SolverParams", "TrainResult", "TrainRun", "register_solver", "train"]
+__all__ = ["SOLVERS", "SolverParams", "SolverSpec", "TrainResult", "TrainRun", "register_solver", "train"]
 
 
 def train(data: CSRData, comm: Communicator, params: SolverParams | None = None,
@@ -60,16 +55,17 @@ def train(data: CSRData, comm: Communicator, params: SolverParams | None = None,
     inputs and DivergenceError for a non-finite loss or weights, on every rank.
     """
     params = params or SolverParams()
-    solve = get_solver(params.solver)
+    spec = solver_spec(params.solver)
+    solve = spec.function()
     if resume is not None:
-        RESUME_CHECKS.get(params.solver, check_resume)(resume, params, data.n_features)
+        (spec.check_resume or check_resume)(resume, params, data.n_features)
     theta0 = None if init is None or resume is not None else _initial_theta(init, data.n_features)
     _check_groups(groups, data.n_features)
     inputs = Inputs(comm.rank, data, holdout, params.loss, consume_data)
     solver_comm = AgreeingCommunicator(comm, inputs)
     if inputs.problem is not None:
         inputs.agree(comm)  # raises here, and on every other rank at its first collective
-    loss_id = LOSS_IDS[params.loss]
+    loss_id = loss_spec(params.loss).id
     tracker = PassTracker(solver_comm, inputs, loss_id, params.early_stop_passes, resume)
     on_rows = rows_reporter(progress, tracker)
     objective = DistributedObjective(inputs, solver_comm, loss_id, params.l2, on_rows)

@@ -5,9 +5,12 @@ relative duality gap), turns ``CocoaState`` into the checkpoint dict the train j
 back, and ``CocoaResult`` into a ``TrainResult``. A CoCoA checkpoint is per rank (each rank's
 dual variables), which the dict says with ``per_rank: True``.
 
-Differences from the other solvers, by the nature of the method: the intercept is an augmented
-constant feature regularized like the others (as in liblinear and Snap ML), held-out data and
-warm starts are not used.
+Differences from the other solvers, by the nature of the method (the catalogue's row says the
+same): the intercept is an augmented constant feature of value ``train.intercept_scale``
+penalized like the others (as in liblinear and Snap ML), so CoCoA minimises
+f(β, b) + (λ/2)(b/s)²; held-out data and warm starts are not used. The result's ``objective``
+is f itself, the catalogue's one definition (one more pass over the data), and the history's
+``objective`` column is CoCoA's own primal.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from typing import Any
 import numpy as np
 from terascale.solvers.errors import InvalidInputError
 from terascale.solvers.params import SolverParams
-from terascale.solvers.registry import register_solver
 from terascale.solvers.run import TrainResult, TrainRun
 from terascale.solvers.scd import CocoaParams, CocoaState, train_cocoa
 
@@ -26,7 +28,8 @@ STATE_KIND = "cocoa"
 
 def cocoa_params(p: SolverParams) -> CocoaParams:
     return CocoaParams(loss=p.loss, formulation=p.formulation, l2=p.l2, local_epochs=p.local_epochs,
-                       aggregation=p.aggregation, partition=p.partition, threads=p.threads, max_rounds=p.passes, tol=p.tol, seed=p.seed)
+                       aggregation=p.aggregation, partition=p.partition, threads=p.threads, max_rounds=p.passes, tol=p.tol, seed=p.seed,
+                       intercept_scaling=p.intercept_scale)
 
 
 def state_to_dict(s: CocoaState) -> dict[str, Any]:
@@ -54,15 +57,11 @@ def check_cocoa_resume(state: dict[str, Any], params: SolverParams, n_features: 
         raise ValueError(f"resume state: shared vector of length {state['shared'].shape[0]} does not fit {n_features} features")
 
 
-@register_solver("cocoa", check_resume=check_cocoa_resume)
 def solve_cocoa(run: TrainRun) -> TrainResult:
     if run.init is not None:
         raise InvalidInputError("solver 'cocoa' cannot warm-start from a model (train.init_model); unset it")
     on_round = None if run.on_pass_end is None else (lambda s: run.on_pass_end(state_to_dict(s)))
     resume = None if run.resume is None else dict_to_state(run.resume)
-    if run.params.partition == "redeal" and run.params.device == "gpu":
-        raise InvalidInputError("train.partition = 'redeal' runs on the CPU only; set train.device=cpu "
-                                "(or auto), or train.partition=fixed for the GPU solver")
     if run.params.device == "cpu" or run.params.partition == "redeal":
         res = train_cocoa(run.inputs.train, run.comm, cocoa_params(run.params), on_round_end=on_round, resume=resume)
     else:
@@ -75,6 +74,8 @@ def solve_cocoa(run: TrainRun) -> TrainResult:
         res = train_cocoa_gpu(run.inputs.train, run.comm, cocoa_params(run.params), on_round_end=on_round,
                               resume=resume, fallback=True)
     history = [{**h, "pass": h.get("round", i + 1), "objective": h.get("primal")} for i, h in enumerate(res.history)]
+    # f(β, b) of the catalogue's one definition (b unpenalized), the same on every rank
+    theta = np.append(np.asarray(res.weights, np.float64), float(res.intercept))
     return TrainResult(weights=np.asarray(res.weights, np.float32), intercept=float(res.intercept), history=history,
-                       objective=float(res.primal), stop_reason="converged_gap" if res.converged else "max_passes",
-                       passes=int(res.rounds))
+                       objective=float(run.objective.value(theta)),
+                       stop_reason="converged_gap" if res.converged else "max_passes", passes=int(res.rounds))

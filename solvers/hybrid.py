@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from terascale.solvers.lbfgs import lbfgs_from, lbfgs_resume
 from terascale.solvers.online import OnlineLearner, resumed_stop, run_online_phase
-from terascale.solvers.registry import register_solver
 from terascale.solvers.run import TrainResult, TrainRun
 
 
-@register_solver("hybrid")
 def train_hybrid(run: TrainRun) -> TrainResult:
     saved = run.resume
     if saved is not None and saved["phase"] == "lbfgs":

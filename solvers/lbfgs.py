@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from terascale.solvers.active import ActiveFeatures
+from terascale.solvers.catalogue import loss_by_id
 from terascale.solvers.errors import DivergenceError, InvalidInputError
-from terascale.solvers.kernels.losses import HINGE
 from terascale.solvers.kernels.vector import dot, norm2
 from terascale.solvers.lbfgs_memory import LBFGSMemory
 from terascale.solvers.linesearch import strong_wolfe
@@ -56,7 +56,6 @@ from terascale.solvers.preconditioner import (
     from_state,
     jacobi_inverse,
 )
-from terascale.solvers.registry import register_solver
 from terascale.solvers.run import TrainResult, TrainRun
 
 
@@ -172,11 +171,11 @@ class LBFGSPhase:
         click benchmark step 1 overshoots 3x at the first iteration (two more evaluations) and
         undershoots 2x at the second (accepted, but half the decrease).
 
-        Not for the hinge loss: its second derivative is 0, so only the penalty would bend the
+        Not for a loss without curvature (the catalogue's ``curvature``; hinge): its second derivative is 0, so only the penalty would bend the
         line (and not along the unpenalized intercept), giving absurd steps. A step that is not
         a finite positive number (an overflowing curvature, a non-finite margin on some rank)
         falls back to 1; every rank takes the same branch (AllReduce results only)."""
-        if self.memory.count >= self.run.params.lbfgs_newton_steps or self.run.loss_id == HINGE:
+        if self.memory.count >= self.run.params.lbfgs_newton_steps or not loss_by_id(self.run.loss_id).curvature:
             return 1.0, 0
         curv = self.objective.curvature(self.theta, p, self.run.params.lbfgs_curvature_rows)
         alpha = -slope / curv if curv is not None and math.isfinite(curv) and curv > 0.0 else 1.0
@@ -269,9 +268,9 @@ class LBFGSPhase:
 def _preconditioner(run: TrainRun, space: ActiveFeatures, table: LocalTable, theta: np.ndarray,
                     inv_diag: np.ndarray) -> Jacobi:
     """Jacobi plus the field-level coarse correction when the run has a group map and
-    ``lbfgs_coarse`` is on (not for the hinge loss: its data curvature is 0, so E would be the
+    ``lbfgs_coarse`` is on (not for a loss without curvature, hinge: its data curvature is 0, so E would be the
     penalty alone and singular along the intercept); else Jacobi."""
-    if run.groups is None or not run.params.lbfgs_coarse or run.loss_id == HINGE:
+    if run.groups is None or not run.params.lbfgs_coarse or not loss_by_id(run.loss_id).curvature:
         return Jacobi(inv_diag)
     group, sizes = compact_groups(run.groups, space.ids)
     if sizes.size == 0:  # no active feature has a group: nothing to correct
@@ -296,7 +295,6 @@ def lbfgs_resume(run: TrainRun) -> TrainResult:
     return phase.run_until(run.params.passes)
 
 
-@register_solver("lbfgs")
 def train_lbfgs(run: TrainRun) -> TrainResult:
     if run.resume is not None:
         return lbfgs_resume(run)

@@ -32,7 +32,6 @@ from terascale.solvers.kernels.online import (
     zero_model_loss_sum,
 )
 from terascale.solvers.objective import row_chunks
-from terascale.solvers.registry import register_solver
 from terascale.solvers.run import TrainResult, TrainRun
 
 EXPLODING_FACTOR = 1e6
@@ -170,7 +169,6 @@ def resumed_stop(run: TrainRun) -> str | None:
     return saved["stop_reason"]
 
 
-@register_solver("online")
 def train_online(run: TrainRun) -> TrainResult:
     learner = OnlineLearner(run)
     first = 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from terascale.solvers.catalogue import loss_spec
 from terascale.solvers.data import CSRData
 from terascale.solvers.errors import InvalidInputError, NonFiniteInputError
 
@@ -86,11 +87,9 @@ def find_problem(data: CSRData, shard: Shard, what: str, loss: str) -> InvalidIn
     if np.any(shard.weights < 0):
         k = _first_bad(shard.weights < 0)
         return InvalidInputError(f"{what}: weights[{k}] = {float(shard.weights[k])}: must be >= 0")
-    if loss in ("logistic", "hinge"):
-        bad = (shard.labels != 0) & (shard.labels != 1)
-        if bad.any():
-            k = _first_bad(bad)
-            return InvalidInputError(
-                f"{what}: labels[{k}] = {float(shard.labels[k])}: the {loss} loss takes labels 0 or 1"
-            )
+    k = loss_spec(loss).check_labels(shard.labels)
+    if k >= 0:
+        return InvalidInputError(
+            f"{what}: labels[{k}] = {float(shard.labels[k])}: the {loss} loss takes labels 0 or 1"
+        )
     return None

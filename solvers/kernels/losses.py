@@ -1,8 +1,9 @@
 """Scalar loss kernels: value, first and second derivative in the margin, and the
 importance-invariant step, for every loss the solvers support.
 
-A loss is picked by an integer id (kernels branch on it per row; the branch is perfectly
-predicted). ``m`` is the margin ``x·β + b``, ``y`` the label, all in float64.
+A loss is picked by its catalogue id (:mod:`terascale.solvers.catalogue`; kernels branch on it
+per row, and the branch is perfectly predicted); an unknown id raises ValueError. ``m`` is the
+margin ``x·β + b``, ``y`` the label, all in float64.
 
 - ``LOGISTIC`` (y ∈ {0, 1}):  ℓ = y·softplus(−m) + (1−y)·softplus(m),  ℓ' = σ(m) − y,
   ℓ'' = σ(m)·σ(−m), with softplus(a) = max(a, 0) + log1p(exp(−|a|)) (never overflows) and σ
@@ -10,6 +11,8 @@ predicted). ``m`` is the margin ``x·β + b``, ``y`` the label, all in float64.
 - ``SQUARED`` (any real y):  ℓ = ½(m − y)²,  ℓ' = m − y,  ℓ'' = 1.
 - ``HINGE`` (y ∈ {0, 1} mapped to s = 2y − 1 ∈ {−1, +1}):  ℓ = max(0, 1 − s·m),
   ℓ' = −s if s·m < 1 else 0,  ℓ'' = 0 (the curvature of a piecewise-linear loss).
+- ``SQUARED_HINGE`` (labels as hinge):  ℓ = max(0, 1 − s·m)²,  ℓ' = −2s·(1 − s·m) if s·m < 1
+  else 0,  ℓ'' = 2 if s·m < 1 else 0 (the generalized second derivative; ℓ' is Lipschitz).
 
 Importance-invariant step (Karampatziakis & Langford, 2011). An update ``w ← w − u·D·x`` with a
 diagonal rate ``D`` moves the margin by ``−u·κ``, where ``κ = xᵀ D x``. Instead of the gradient
@@ -24,6 +27,8 @@ label, so an example of weight ``h`` acts like ``h`` copies of weight 1 taken on
   upper bound (the left side is convex and increasing in δ).
 - hinge:    the margin moves toward s·m = 1 and stops there: δ = min(hκ, max(0, 1 − z)),
   u = −s·δ / κ.
+- squared hinge: for z < 1, dz/dτ = 2κ(1 − z), so z(h) = 1 − (1 − z)·e^{−2hκ}:
+  δ = max(0, 1 − z)·(1 − e^{−2hκ}),  u = −s·δ / κ.
 """
 
 from __future__ import annotations
@@ -31,12 +36,10 @@ from __future__ import annotations
 import math
 
 from numba import njit
+from terascale.solvers.catalogue import HINGE, LOGISTIC, LOSS_IDS, SQUARED, SQUARED_HINGE
 
-LOGISTIC = 0
-SQUARED = 1
-HINGE = 2
-
-LOSS_IDS = {"logistic": LOGISTIC, "squared": SQUARED, "hinge": HINGE}
+__all__ = ["HINGE", "LOGISTIC", "LOSS_IDS", "SQUARED", "SQUARED_HINGE", "invariant_scalar", "logistic_terms",
+           "loss_curvature", "loss_derivative", "loss_value", "sigmoid", "softplus"]
 
 # Beyond e^{z} = 1e300 the logistic derivative (≈ e^{−z}) is zero to float32 precision.
 _EXP_BIG = 1e300
@@ -71,7 +74,12 @@ def loss_value(loss_id, m, y):
         d = m - y
         return 0.5 * d * d
     s = 2.0 * y - 1.0
-    return max(0.0, 1.0 - s * m)
+    if loss_id == HINGE:
+        return max(0.0, 1.0 - s * m)
+    if loss_id == SQUARED_HINGE:
+        r = max(0.0, 1.0 - s * m)
+        return r * r
+    raise ValueError("unknown loss id")
 
 
 @njit(cache=True)
@@ -82,17 +90,25 @@ def loss_derivative(loss_id, m, y):
     if loss_id == SQUARED:
         return m - y
     s = 2.0 * y - 1.0
-    return -s if s * m < 1.0 else 0.0
+    if loss_id == HINGE:
+        return -s if s * m < 1.0 else 0.0
+    if loss_id == SQUARED_HINGE:
+        return -2.0 * s * (1.0 - s * m) if s * m < 1.0 else 0.0
+    raise ValueError("unknown loss id")
 
 
 @njit(cache=True)
 def loss_curvature(loss_id, m, y):
-    """∂²ℓ/∂m² (0 for the hinge loss)."""
+    """∂²ℓ/∂m² (0 for the hinge loss; the generalized one for the squared hinge)."""
     if loss_id == LOGISTIC:
         return sigmoid(m) * sigmoid(-m)
     if loss_id == SQUARED:
         return 1.0
-    return 0.0
+    if loss_id == HINGE:
+        return 0.0
+    if loss_id == SQUARED_HINGE:
+        return 2.0 if (2.0 * y - 1.0) * m < 1.0 else 0.0
+    raise ValueError("unknown loss id")
 
 
 @njit(cache=True)
@@ -159,4 +175,8 @@ def invariant_scalar(loss_id, m, y, h, kappa, ez):
     s = 2.0 * y - 1.0
     if loss_id == LOGISTIC:
         return -s * logistic_invariant_delta(s * m, ez, hk) / kappa
-    return -s * min(hk, max(0.0, 1.0 - s * m)) / kappa
+    if loss_id == HINGE:
+        return -s * min(hk, max(0.0, 1.0 - s * m)) / kappa
+    if loss_id == SQUARED_HINGE:
+        return -s * max(0.0, 1.0 - s * m) * (-math.expm1(-2.0 * hk)) / kappa
+    raise ValueError("unknown loss id")

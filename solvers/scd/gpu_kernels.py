@@ -31,10 +31,8 @@ import math
 
 from numba import cuda, float64
 
-# loss codes, identical to solvers.scd.losses (not imported: that module's njit functions are CPU-only)
-SQUARED = 0
-LOGISTIC = 1
-HINGE = 2
+# the catalogue's loss ids (the same the CPU kernels use; the catalogue imports no numba)
+from terascale.solvers.catalogue import LOGISTIC, SQUARED
 
 MAX_THREADS = 256  # blockDim.x must be a power of two <= this
 B_EPS = 1e-15

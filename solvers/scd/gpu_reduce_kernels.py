@@ -30,7 +30,8 @@ from __future__ import annotations
 import math
 
 from numba import cuda, float64
-from terascale.solvers.scd.gpu_kernels import B_EPS, HINGE, LOGISTIC, SQUARED
+from terascale.solvers.catalogue import HINGE, LOGISTIC, SQUARED
+from terascale.solvers.scd.gpu_kernels import B_EPS
 
 INF = math.inf
 

@@ -41,11 +41,10 @@ from __future__ import annotations
 import math
 
 from numba import njit
+from terascale.solvers.catalogue import HINGE, LOGISTIC, SQUARED, loss_spec
 
-SQUARED = 0
-LOGISTIC = 1
-HINGE = 2
-LOSS_CODES = {"squared": SQUARED, "logistic": LOGISTIC, "hinge": HINGE}
+__all__ = ["B_EPS", "HINGE", "LOGISTIC", "SQUARED", "dual_lower", "dual_step", "dual_upper", "dual_value",
+           "loss_code", "primal_loss", "sign_label"]
 
 B_EPS = 1e-15  # logistic dual variables b stay in [B_EPS, 1 - B_EPS]
 _NEWTON_MAX_ITER = 50
@@ -84,7 +83,9 @@ def primal_loss(loss, y, z):
     m = sign_label(y) * z
     if loss == LOGISTIC:
         return log1pexp(-m)
-    return 1.0 - m if m < 1.0 else 0.0
+    if loss == HINGE:
+        return 1.0 - m if m < 1.0 else 0.0
+    raise ValueError("unknown loss id")
 
 
 @njit(cache=True, nogil=True)
@@ -106,7 +107,9 @@ def dual_value(loss, y, a):
     b = sign_label(y) * a
     if loss == LOGISTIC:
         return entropy(b)
-    return b
+    if loss == HINGE:
+        return b
+    raise ValueError("unknown loss id")
 
 
 @njit(cache=True, nogil=True)
@@ -186,7 +189,9 @@ def dual_step(loss, y, a, dot, q):
     m = s * dot
     if loss == LOGISTIC:
         return s * _logistic_b(b, m, q)
-    return s * _hinge_b(b, m, q)
+    if loss == HINGE:
+        return s * _hinge_b(b, m, q)
+    raise ValueError("unknown loss id")
 
 
 @njit(cache=True, nogil=True)
@@ -210,7 +215,5 @@ def dual_upper(loss):
 
 
 def loss_code(name: str) -> int:
-    try:
-        return LOSS_CODES[name]
-    except KeyError:
-        raise ValueError(f"loss {name!r} is not one of {sorted(LOSS_CODES)}") from None
+    """The catalogue id of loss ``name`` (the same id the primal and GPU kernels use)."""
+    return loss_spec(name).id

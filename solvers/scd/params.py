@@ -1,101 +1,74 @@
 """Parameters, result and checkpoint state of the CoCoA / SCD trainer.
 
-``CocoaParams`` is frozen and validated on construction; constraints are declared as data next
-to each field and every error names the key, the bad value and what is allowed.
+``CocoaParams`` is frozen and validated on construction with the project's one parameter
+mechanism (:mod:`terascale.solvers.constraints`): constraints declared as data next to each
+field, every error ``cocoa.<key> = <value>: must be <allowed>``. The train job builds one from
+its :class:`~terascale.solvers.params.SolverParams` (``terascale.solvers.cocoa_solver``).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, fields
 
 import numpy as np
+from terascale.solvers.catalogue import LOSSES
+from terascale.solvers.constraints import ConfigError, Interval, OneOf, check_fields
+from terascale.solvers.constraints import param as _p
 
-_LOSSES = ("logistic", "hinge", "squared")
+_DUAL_LOSSES = tuple(name for name, spec in LOSSES.items() if spec.dual)
 _FORMULATIONS = ("dual", "primal")
 _AGGREGATIONS = ("adaptive", "avg", "add")
 _PARTITIONS = ("fixed", "redeal")
-
-
-def _one_of(*options: Any) -> tuple[Any, str]:
-    return (lambda v: v in options), "one of " + ", ".join(repr(o) for o in options)
-
-
-def _int_at_least(lo: int) -> tuple[Any, str]:
-    ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= lo  # noqa: E731
-    return ok, f"an integer >= {lo}"
-
-
-def _positive_finite() -> tuple[Any, str]:
-    ok = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0  # noqa: E731
-    return ok, "a finite number > 0"
-
-
-def _nonneg_finite() -> tuple[Any, str]:
-    ok = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0  # noqa: E731
-    return ok, "a finite number >= 0"
-
-
-def _boolean() -> tuple[Any, str]:
-    return (lambda v: isinstance(v, bool)), "true or false"
-
-
-def _p(default: Any, help: str, constraint: tuple[Any, str]) -> Any:
-    return field(default=default, metadata={"help": help, "constraint": constraint})
+_POSITIVE = Interval(0, None, lo_open=True)
 
 
 @dataclass(frozen=True)
 class CocoaParams:
     """Everything that defines a CoCoA / SCD run (see ``solvers.scd`` for the formulas)."""
 
-    loss: str = _p("logistic", "logistic and hinge: labels 0/1; squared: ridge regression", _one_of(*_LOSSES))
+    loss: str = _p("logistic", "logistic and hinge: labels 0/1; squared: ridge regression", OneOf(_DUAL_LOSSES))
     formulation: str = _p(
         "dual",
         "dual: SDCA on examples (every loss); primal: SCD on features (squared only; with K > 1 "
         "every rank gathers its block of columns over all rows once)",
-        _one_of(*_FORMULATIONS),
+        OneOf(_FORMULATIONS),
     )
-    l2: float = _p(1e-5, "lambda of (lambda/2)||beta||^2 in the mean-form objective", _positive_finite())
-    local_epochs: int = _p(1, "H: local epochs per round on each worker", _int_at_least(1))
+    l2: float = _p(1e-5, "lambda of (lambda/2)||beta||^2 in the mean-form objective", _POSITIVE)
+    local_epochs: int = _p(1, "H: local epochs per round on each worker", Interval(1, None, integer=True))
     aggregation: str = _p(
         "adaptive",
         "adaptive: exact line search for gamma (sigma' = 1); avg: gamma = 1/K (sigma' = 1); "
         "add: gamma = 1 with sigma' = K (CoCoA+)",
-        _one_of(*_AGGREGATIONS),
+        OneOf(_AGGREGATIONS),
     )
     partition: str = _p(
         "fixed",
         "fixed: each rank's local solver works on its own shard; redeal (dual only): every rank "
         "gathers all rows once (K times the memory) and the row buckets are dealt to the ranks "
         "afresh every round, which keeps the gap decaying linearly at small lambda N",
-        _one_of(*_PARTITIONS),
+        OneOf(_PARTITIONS),
     )
-    threads: int = _p(1, "local solver partitions (numba threads); 1 = sequential SCD", _int_at_least(1))
+    threads: int = _p(1, "local solver partitions (numba threads); 1 = sequential SCD", Interval(1, None, integer=True))
     bucket_size: int = _p(
         8, "consecutive examples (features) per bucket of the shuffled epoch order "
-        "(1: a plain permutation)", _int_at_least(1))
-    max_rounds: int = _p(100, "communication rounds at most", _int_at_least(0))
-    tol: float = _p(1e-6, "stop when duality gap <= tol * P(0) (P(0): the objective at beta = 0)", _nonneg_finite())
-    seed: int = _p(0, "seed of the per-epoch permutations", _int_at_least(0))
-    fit_intercept: bool = _p(True, "augment every row with a constant feature, regularized like the others", _boolean())
-    intercept_scaling: float = _p(1.0, "value of the constant feature", _positive_finite())
+        "(1: a plain permutation)", Interval(1, None, integer=True))
+    max_rounds: int = _p(100, "communication rounds at most", Interval(0, None, integer=True))
+    tol: float = _p(1e-6, "stop when duality gap <= tol * P(0) (P(0): the objective at beta = 0)", Interval(0, None))
+    seed: int = _p(0, "seed of the per-epoch permutations", Interval(0, None, integer=True))
+    fit_intercept: bool = _p(True, "augment every row with a constant feature, regularized like the others")
+    intercept_scaling: float = _p(1.0, "value of the constant feature", _POSITIVE)
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            ok, allowed = f.metadata["constraint"]
-            value = getattr(self, f.name)
-            if not ok(value):
-                raise ValueError(f"cocoa.{f.name}: {value!r} is not allowed; expected {allowed}")
+        check_fields(self, "cocoa.")
         if self.formulation == "primal" and self.loss != "squared":
-            raise ValueError(
-                f"cocoa.formulation: 'primal' is not allowed with loss {self.loss!r}; "
-                "expected 'dual' (the primal solver is ridge regression only)"
+            raise ConfigError(
+                f"cocoa.formulation = 'primal': needs cocoa.loss = 'squared' (got {self.loss!r}); "
+                "use 'dual' (the primal solver is ridge regression only)"
             )
         if self.formulation == "primal" and self.partition != "fixed":
-            raise ValueError(
-                f"cocoa.partition: {self.partition!r} is not allowed with formulation 'primal'; "
-                "expected 'fixed' (re-dealing moves examples, the primal solver owns features)"
+            raise ConfigError(
+                f"cocoa.partition = {self.partition!r}: needs cocoa.partition = 'fixed' with formulation 'primal' "
+                "(re-dealing moves examples, the primal solver owns features)"
             )
 
     @property

@@ -304,7 +304,7 @@ def _junk(address, kind: str, closed_by_server: list) -> None:
 
 @pytest.mark.parametrize("cipher", ["aes-gcm", "aes-gmac"])
 def test_junk_connections_do_not_disturb_a_real_job(key, caplog, cipher):
-    caplog.set_level(logging.DEBUG, logger="allreduce")
+    caplog.set_level(logging.DEBUG, logger="terascale.allreduce")
     n = 3 * (CHUNK_BYTES // 4) + 7
     kinds = ["silent", "random", "http", "wrong-key"] * 24 + ["huge"] * 4
     closed: list[bool] = []

@@ -103,7 +103,7 @@ def test_primal_and_dual_values_by_definition():
     assert primal_loss(HINGE, 1.0, 2.0) == 0.0
     assert dual_value(SQUARED, 2.0, 1.0) == pytest.approx(1.5)
     assert dual_value(HINGE, 0.0, -0.25) == pytest.approx(0.25)
-    with pytest.raises(ValueError, match="not one of"):
+    with pytest.raises(ValueError, match="train.loss = 'poisson': must be one of"):
         loss_code("poisson")
 
 

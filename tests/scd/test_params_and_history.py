@@ -17,15 +17,15 @@ from tests.scd.helpers import make_data
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"loss": "poisson"}, "cocoa.loss: 'poisson' is not allowed; expected one of 'logistic', 'hinge', 'squared'"),
-        ({"l2": 0.0}, "cocoa.l2: 0.0 is not allowed; expected a finite number > 0"),
-        ({"l2": math.inf}, "cocoa.l2: inf"),
-        ({"local_epochs": 0}, "cocoa.local_epochs: 0 is not allowed; expected an integer >= 1"),
-        ({"threads": 1.5}, "cocoa.threads: 1.5"),
-        ({"aggregation": "mean"}, "cocoa.aggregation: 'mean'"),
-        ({"tol": -1.0}, "cocoa.tol: -1.0"),
-        ({"fit_intercept": 1}, "cocoa.fit_intercept: 1 is not allowed; expected true or false"),
-        ({"formulation": "primal"}, "cocoa.formulation: 'primal' is not allowed with loss 'logistic'"),
+        ({"loss": "poisson"}, "cocoa.loss = 'poisson': must be one of 'logistic', 'squared', 'hinge'"),
+        ({"l2": 0.0}, "cocoa.l2 = 0.0: must be a finite number in (0, inf]"),
+        ({"l2": math.inf}, "cocoa.l2 = inf"),
+        ({"local_epochs": 0}, "cocoa.local_epochs = 0: must be an integer in [1, inf]"),
+        ({"threads": 1.5}, "cocoa.threads = 1.5"),
+        ({"aggregation": "mean"}, "cocoa.aggregation = 'mean'"),
+        ({"tol": -1.0}, "cocoa.tol = -1.0"),
+        ({"fit_intercept": 1}, "cocoa.fit_intercept = 1: must be true or false"),
+        ({"formulation": "primal"}, "cocoa.formulation = 'primal': needs cocoa.loss = 'squared' (got 'logistic')"),
     ],
 )
 def test_bad_params_name_key_value_and_allowed(kwargs, message):

@@ -147,7 +147,7 @@ def test_resume_on_two_ranks():
 
 
 def test_partition_is_checked():
-    with pytest.raises(ValueError, match=r"cocoa.partition: 'shuffle' is not allowed"):
+    with pytest.raises(ValueError, match=r"cocoa.partition = 'shuffle': must be one of"):
         CocoaParams(partition="shuffle")
-    with pytest.raises(ValueError, match=r"cocoa.partition: 'redeal' is not allowed with formulation 'primal'"):
+    with pytest.raises(ValueError, match=r"cocoa.partition = 'redeal': needs cocoa.partition = 'fixed' with formulation 'primal'"):
         CocoaParams(loss="squared", formulation="primal", partition="redeal")

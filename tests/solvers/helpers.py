@@ -93,8 +93,12 @@ def objective_np(data: CSRData, weights: np.ndarray, intercept: float, l2: float
         per_row = np.logaddexp(0.0, m) - y * m
     elif loss == "squared":
         per_row = 0.5 * (m - y) ** 2
-    else:
+    elif loss == "hinge":
         per_row = np.maximum(0.0, 1.0 - (2.0 * y - 1.0) * m)
+    elif loss == "squared_hinge":
+        per_row = np.maximum(0.0, 1.0 - (2.0 * y - 1.0) * m) ** 2
+    else:
+        raise ValueError(f"no reference for loss {loss!r}")
     h = data.weights.astype(np.float64)
     beta = np.asarray(weights, dtype=np.float64)
     return float(np.sum(h * per_row) / np.sum(h) + 0.5 * l2 * beta @ beta)

@@ -1,24 +1,25 @@
-"""The solver registry: built-ins registered, plugins can register (as "cocoa" will), names
-are unique, and a plugin solver gets the full TrainRun (objective, tracker, checkpoints)."""
+"""The solver catalogue: built-ins registered, plugins can register a SolverSpec, names are
+unique, and a plugin solver gets the full TrainRun (objective, tracker, checkpoints)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from terascale.solvers.api import SOLVERS, SolverParams
-from terascale.solvers.registry import register_solver
+from terascale.solvers.api import SOLVERS, SolverParams, SolverSpec, register_solver
+from terascale.solvers.catalogue import COMMON
 
 from tests.solvers.helpers import keep, planted_problem, train_local
 
 
 def test_builtins_are_registered():
-    assert {"online", "lbfgs", "hybrid"} <= set(SOLVERS)
+    assert {"online", "lbfgs", "hybrid", "cocoa"} <= set(SOLVERS)
+    for spec in SOLVERS.values():  # every entry function resolves
+        assert callable(spec.function())
 
 
 def test_a_plugin_solver_registers_and_runs():
     name = "test-gradient-descent"
 
-    @register_solver(name, replace=True)
     def gradient_descent(run):
         theta = np.zeros(run.n_features + 1)
         ev = None
@@ -29,6 +30,7 @@ def test_a_plugin_solver_registers_and_runs():
             run.checkpoint("gd", theta, None, {}, {})
         return run.finish(theta, None, "max_passes")
 
+    register_solver(SolverSpec(name, gradient_descent, "gradient descent", COMMON, ("logistic",)), replace=True)
     try:
         states = []
         data = planted_problem(n=200, d=10, seed=71)
@@ -41,6 +43,8 @@ def test_a_plugin_solver_registers_and_runs():
 
 def test_names_are_unique():
     with pytest.raises(ValueError, match="already registered"):
-        register_solver("lbfgs")(lambda run: None)
+        register_solver(SolverSpec("lbfgs", lambda run: None, "", COMMON, ("logistic",)))
     with pytest.raises(ValueError, match="non-empty"):
-        register_solver("")
+        register_solver(SolverSpec("", lambda run: None, "", COMMON, ("logistic",)))
+    with pytest.raises(ValueError, match="unknown parameters or losses"):
+        register_solver(SolverSpec("x", lambda run: None, "", COMMON + ("no_such_key",), ("logistic",)))
