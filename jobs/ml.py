@@ -51,6 +51,7 @@ from terascale.jobs.train_job import run_train
 from terascale.pipeline import fsutil, modeldir
 from terascale.pipeline.manifest import read_manifest
 from terascale.pipeline.redact import redact, redact_text
+from terascale.solvers.catalogue import loss_spec
 
 log = logging.getLogger("terascale.ml")
 PARAMS_DIR = "metadata"  # pyspark's params metadata inside a model directory (Pipeline persistence)
@@ -229,7 +230,7 @@ class TerascaleModel(Model, _OutputParams, MLReadable, MLWritable):
                 raise modeldir.ModelError(f"the model and the DataFrame's dataset {src[0]} were featurized "
                                           f"differently ({', '.join(diff)}); re-featurize with the model's spec")
         udf = _score_udf(self._broadcast(dataset.sparkSession.sparkContext), 1 << int(self.spec["bits"]),
-                         self.loss == "logistic")
+                         loss_spec(self.loss).link == "sigmoid")
         values = F.col("values") if "values" in dataset.columns else F.lit(None).cast("array<float>")
         prob = self.getOrDefault(self.probabilityCol)
         out = dataset.withColumn(prob, udf(F.col("indices"), values))

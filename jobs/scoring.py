@@ -26,6 +26,7 @@ from terascale.pipeline.pointer import resolve_model
 from terascale.pipeline.redact import redact_text
 from terascale.pipeline.sampling import dataset_negative_rate, logit_shift, model_negative_rate
 from terascale.pipeline.verify import catching, raise_bad_files, read_row_groups
+from terascale.solvers.catalogue import loss_spec
 
 log = logging.getLogger("terascale.scoring")
 _MODEL_CACHE: dict[str, tuple[np.ndarray, float, str, float]] = {}
@@ -44,7 +45,7 @@ def _scores(csr, model_dir: str, calibration: str = "population") -> np.ndarray:
     from terascale.solvers.predict import decision_function, predict_proba
 
     w, b, loss, rate = _model(model_dir)
-    if loss != "logistic":
+    if loss_spec(loss).link != "sigmoid":
         return decision_function(csr, w, b)
     return predict_proba(csr, w, b, logit_shift(rate, calibration))
 
@@ -68,16 +69,19 @@ def _groups(spark, data_dir: str, manifest: dict) -> list[list[ShardPart]]:
 
 def evaluate(spark, data_dir: str, model_dir: str) -> dict:
     """Metrics of the model (a directory, or a pointer to one) on a featurized dataset
-    (logistic models: probabilities)."""
+    (models whose loss has the sigmoid link: probabilities), and ``objective``: the catalogue's
+    f(β, b) with the model's λ on these rows (``objective_definition`` says which)."""
     from terascale.solvers.metrics import BinaryMetrics
+    from terascale.solvers.predict import loss_terms, objective
 
     model_dir = resolve_model(model_dir)
 
     t0 = time.perf_counter()
     m, meta = _check(data_dir, model_dir)
-    if meta["config"]["train"]["loss"] != "logistic":
-        raise modeldir.ModelError(f"evaluate needs a logistic model; {model_dir} was trained with loss "
-                                  f"{meta['config']['train']['loss']!r}")
+    loss = meta["config"]["train"]["loss"]
+    if loss_spec(loss).link != "sigmoid":
+        raise modeldir.ModelError(f"evaluate needs a model that predicts probabilities (logistic); {model_dir} "
+                                  f"was trained with loss {loss!r}")
     model = fsutil.normalize(model_dir)
     n_features = 1 << int(m["spec"]["bits"])
     groups = [[p.to_json() for p in g] for g in _groups(spark, data_dir, m)]
@@ -86,9 +90,12 @@ def evaluate(spark, data_dir: str, model_dir: str) -> dict:
         for parts in items:
             csr = read_csr([ShardPart.from_json(p) for p in parts], n_features)
             acc = BinaryMetrics()
+            terms = (0.0, 0.0)
             if csr.n_rows:
                 acc.add(_scores(csr, model), csr.labels, csr.weights)
-            yield acc.to_state()
+                w, b, _, _ = _model(model)
+                terms = loss_terms(csr, w, b, loss)
+            yield acc.to_state(), terms
 
     sc = spark.sparkContext
     sc.setJobDescription(redact_text(f"terascale evaluate: {data_dir}"))
@@ -97,9 +104,15 @@ def evaluate(spark, data_dir: str, model_dir: str) -> dict:
     finally:
         sc.setJobDescription(None)
     total = BinaryMetrics()
-    for s in states:
+    loss_sum = weight_sum = 0.0
+    for s, (ls, ws) in states:
         total.merge(BinaryMetrics.from_state(s))
+        loss_sum, weight_sum = loss_sum + ls, weight_sum + ws
     out = total.finalize()
+    l2 = float(meta["config"]["train"]["l2"])
+    out["objective"] = objective(loss_sum, weight_sum, _model(model)[0], l2)
+    out["objective_definition"] = (f"(1/sum w) sum w * {loss}(y, x.beta + b) + {l2:g}/2 |beta|^2 on this dataset "
+                                   "(terascale.solvers.catalogue; b unpenalized)")
     out.update({"dataset": fsutil.normalize(data_dir), "model": model, "seconds": time.perf_counter() - t0})
     out["weighting"] = _weighting(m, meta)
     return out
@@ -144,7 +157,7 @@ def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, 
     if bad:
         raise ValueError(f"predict.keep_columns: {bad} are not columns of a dataset; allowed: {list(KEEPABLE)}")
     m, meta = _check(data_dir, model_dir)
-    col = "probability" if meta["config"]["train"]["loss"] == "logistic" else "score"
+    col = "probability" if loss_spec(meta["config"]["train"]["loss"]).link == "sigmoid" else "score"
     model = fsutil.normalize(model_dir)
     out = fsutil.normalize(output)
     n_features = 1 << int(m["spec"]["bits"])

@@ -1,10 +1,12 @@
-"""Scoring with a trained model: margins and, for the logistic loss, probabilities."""
+"""Scoring with a trained model: margins, probabilities (for a loss whose catalogue link is the
+sigmoid), and the terms of the catalogue's objective f(β, b) on scored rows."""
 
 from __future__ import annotations
 
 import numpy as np
+from terascale.solvers.catalogue import loss_spec
 from terascale.solvers.data import CSRData
-from terascale.solvers.kernels.objective import margins
+from terascale.solvers.kernels.objective import margin_loss_sum, margins
 from terascale.solvers.shard import Shard
 
 
@@ -33,3 +35,17 @@ def sigmoid(m: np.ndarray, logit_shift: float = 0.0) -> np.ndarray:
         m = m + logit_shift
     e = np.exp(-np.abs(m))
     return np.where(m >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def loss_terms(data: CSRData, weights: np.ndarray, intercept: float, loss: str) -> tuple[float, float]:
+    """(Σᵢ wᵢ·ℓ(yᵢ, mᵢ), Σᵢ wᵢ) over the rows of ``data``: the data part of the objective, exact
+    (from the margins, no probability clipping); sums from several parts add up."""
+    m = decision_function(data, weights, intercept)
+    return float(margin_loss_sum(m, data.labels, data.weights, loss_spec(loss).id)), float(
+        data.weights.sum(dtype=np.float64))
+
+
+def objective(loss_sum: float, weight_sum: float, weights: np.ndarray, l2: float) -> float:
+    """f(β, b) = loss_sum / weight_sum + (λ/2)·‖β‖², the catalogue's one definition."""
+    beta = np.asarray(weights, dtype=np.float64)
+    return loss_sum / weight_sum + 0.5 * l2 * float(beta @ beta) if weight_sum > 0 else float("nan")

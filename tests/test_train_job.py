@@ -70,6 +70,31 @@ def test_k1_and_k2_reach_the_same_optimum_and_write_a_complete_model(spark, data
     labels = np.concatenate([pq.read_table(tmp_path / "pred" / f["path"])["label"].to_numpy() for f in p["files"]])
     ll = -np.mean(labels * np.log(probs) + (1 - labels) * np.log1p(-probs))
     assert ll == pytest.approx(r["logloss"], rel=1e-9)  # predict and evaluate score identically
+    # evaluate's objective is the catalogue's f with the model's l2: on the training rows (no
+    # held-out split here) it is the objective the train job reports (float32 weights: ~1e-7)
+    on_train = evaluate(spark, str(data / "tr"), str(tmp_path / "m2"))
+    assert on_train["objective"] == pytest.approx(m2["objective"], rel=1e-6)
+    assert "b unpenalized" in on_train["objective_definition"]
+
+
+def test_cocoa_reports_the_one_objective_and_its_intercept_penalty_vanishes_as_the_scale_grows(
+        spark, data, tmp_path):
+    """CoCoA penalizes its constant feature's coefficient: it minimises f + (l2/2)(b/s)^2. The
+    model's reported objective is f itself (evaluate agrees), within that penalty of L-BFGS's
+    optimum of f, and closer to it with a larger train.intercept_scale s."""
+    exact = run_train(spark, _cfg(*EXACT, "train.workers=2"), str(data / "tr"), str(tmp_path / "lbfgs"))
+    gaps = []
+    for scale in (1.0, 4.0):
+        sets = ["train.solver=cocoa", "train.l2=1e-3", "train.passes=300", "train.tol=1e-9", "train.workers=2",
+                f"train.intercept_scale={scale}", "spark.master=local[2]"]
+        cocoa = run_train(spark, _cfg(*sets), str(data / "tr"), str(tmp_path / f"cocoa{scale}"))
+        assert evaluate(spark, str(data / "tr"), str(tmp_path / f"cocoa{scale}"))["objective"] == pytest.approx(
+            cocoa["objective"], rel=1e-6)
+        gap = cocoa["objective"] - exact["objective"]
+        b = load_model(str(tmp_path / f"cocoa{scale}"))[1]
+        assert -1e-7 < gap <= 0.5e-3 * (b / scale) ** 2 + 1e-6
+        gaps.append(gap)
+    assert gaps[1] < gaps[0] / 4
 
 
 def test_a_rank_far_behind_in_a_late_pass_is_waited_for_with_the_same_model(spark, data, tmp_path):

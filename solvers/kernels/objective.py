@@ -176,3 +176,12 @@ def margins(indptr, indices, values, coef, intercept, out):
         for k in range(indptr[r], indptr[r + 1]):
             m += coef[indices[k]] * values[k]
         out[r] = m
+
+
+@njit(cache=True, nogil=True)
+def margin_loss_sum(m, labels, weights, loss_id):
+    """Σᵢ hᵢ·ℓ(yᵢ, mᵢ) over given margins (float64)."""
+    total = 0.0
+    for r in range(m.shape[0]):
+        total += float(weights[r]) * loss_value(loss_id, m[r], float(labels[r]))
+    return total
