@@ -1,16 +1,13 @@
 """Creating (or joining) the Spark session a job runs in.
 
 Executor environment (:data:`EXECUTOR_ENV`, added unless the job's own Spark settings name the
-variable): numpy advises the kernel to back every array of 4 MiB or more with transparent huge
-pages (``madvise(MADV_HUGEPAGE)``). Where THP's ``defrag`` setting is ``madvise`` (a common
-default), the first touch of such memory then compacts memory synchronously, and on a node
-whose free memory is fragmented (a busy page cache) that stalls a task for tenths of a second
-per large array: a fresh Python worker pays it for its shard's CSR, the online table, the
-L-BFGS working table and every new buffer. The kernels prefetch the rows they gather, so
-4 KiB pages cost them nothing measurable. On the 2M-row benchmark (2 workers, ``local[2]``)
-the optimisation job reached Spark MLlib's objective in a fresh application at 2.72 / 2.97 /
-2.89 s without the advice against 2.89 / 3.76 / 3.15 s with it, and the shard reads took
-1.3-1.5 s instead of 2.1-2.3 s.
+variable): ``NUMPY_MADVISE_HUGEPAGE=0``. Otherwise numpy advises the kernel to back every array
+of 4 MiB or more with transparent huge pages (``madvise(MADV_HUGEPAGE)``). Where THP's
+``defrag`` setting is ``madvise`` (a common default), the first touch of such memory then
+compacts memory synchronously, and on a node whose free memory is fragmented (a busy page
+cache) that stalls a task on every large array: a fresh Python worker pays it for its shard's
+CSR, the online table, the L-BFGS working table and every new buffer. The kernels prefetch the
+rows they gather, so 4 KiB pages do not slow them down (measurements: ``docs/design-notes.md``).
 
 Redaction: every session terascale starts or joins extends ``spark.redaction.regex`` (Spark's
 default, or the submitter's value) with terascale's rule, and ``spark.redaction.string.regex``

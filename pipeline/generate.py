@@ -23,9 +23,8 @@ come from one distribution)
     reference). The label is Bernoulli(sigmoid(margin)). The intercept is set by bisection on
     a fixed calibration sample so that the positive rate is ``TARGET_POSITIVE_RATE``. The
     Bayes-optimal logloss is about 0.447, against 0.562 for the base rate; most of the signal
-    sits in frequent values and so is learnable by a hashed linear model without conjunctions
-    (a logistic regression on 1M rows: held-out 0.484 without conjunctions, 0.462 with
-    ``PLANTED_CONJUNCTIONS``).
+    sits in frequent values and so is learnable by a hashed linear model without conjunctions,
+    and ``PLANTED_CONJUNCTIONS`` add what such a model cannot learn without them.
 
 Determinism
     File i draws from ``SeedSequence(seed, spawn_key=(i, 0))`` (rows, 40 random 64-bit words
@@ -36,8 +35,8 @@ Determinism
     are spawned, so a script calling this with more than one process needs the usual
     ``if __name__ == "__main__":`` guard.
 
-Speed (2-core VM, page-cache writes): about 0.8M rows/s in one process, 1.1M rows/s with two;
-gzip (level ``GZIP_LEVEL``) is bound by zlib at about 0.3M rows/s per process.
+Speed: generating rows is CPU-cheap; with gzip, zlib bounds the rate (hence the fast
+``GZIP_LEVEL``). Measured rates: ``docs/design-notes.md``.
 
 Tables (categorical fields: vocabulary size V, power-law exponent s = 1 + 1/k for an integer k
 or s = 1, missing rate, weight sigma before ``WEIGHT_SCALE``; integer fields: missing rate,

@@ -2,8 +2,9 @@
 
 Written atomically: everything goes into a hidden staging sibling (``.NAME.tmp-RUN``) that is
 fsync'd and renamed into place last, so a model directory exists only when it is complete
-(invariant 6). Only a missing path, an empty directory or (with ``overwrite``) an earlier model
-is replaced, through ``pipeline.artifacts.replace_dir``. A model never holds a non-finite weight.
+(GUIDE invariant 6). Only a missing path, an empty directory or (with ``overwrite``) an earlier
+model is replaced, through ``pipeline.artifacts.replace_dir`` (atomically: GUIDE invariant 7). A
+model never holds a non-finite weight.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 numba's own cache locators key a kernel's cache directory on the absolute path of its source
 file. On a cluster terascale's code arrives per application (``--py-files`` zip, or an
 ``--archives`` environment unpacked into the application's work directory), so every path is
-new, every executor of every application recompiles every kernel (tens of seconds of CPU per
-executor), and stale caches pile up. :class:`StableLocator` keys the cache on the module's
-import name instead (``terascale.pipeline.hashing`` -> ``<root>/terascale/pipeline/hashing``) and on one hash
-of the sources of every module of terascale's packages, read through the package's resources
+new, every executor of every application recompiles every kernel, and stale caches pile up.
+:class:`StableLocator` keys the cache on the module's import name instead
+(``terascale.pipeline.hashing`` -> ``<root>/terascale/pipeline/hashing``) and on one hash of the
+sources of every module of terascale's packages, read through the package's resources
 (files or zip archives alike): the same code finds the same cache in the next application on
 that node, and any change to terascale misses it. A namespace-wide hash, not the module's own:
 numba compiles the kernels a kernel calls into its cached code (``criteo_kernel`` embeds

@@ -258,7 +258,7 @@ def prefetch(typingctx, arr, i):
     return types.void(arr, i), codegen
 
 
-GROUP_PREFETCH = 256  # group-map entries prefetched ahead (measured best of 32..512)
+GROUP_PREFETCH = 256  # group-map entries prefetched ahead (chosen by measurement: docs/design-notes.md)
 
 
 @njit(cache=True)
@@ -266,9 +266,8 @@ def lower_groups(groups, indices, entry_group, start, end):
     """groups[i] = min(groups[i], g) for each entry (i, g) of indices/entry_group[start:end].
 
     The map (up to 64 MiB) is read at random and its rarely used buckets miss every cache. Done
-    in the row loop, each row waited for its misses (+25% parse time at bits 24); here, in one
-    tight pass per block that prefetches GROUP_PREFETCH entries ahead, many misses are in
-    flight at once.
+    in the row loop, each row would wait for its own misses; here, in one tight pass per block
+    that prefetches GROUP_PREFETCH entries ahead, many misses are in flight at once.
     """
     ahead = min(end, start + GROUP_PREFETCH)
     for k in range(start, ahead):

@@ -1,8 +1,8 @@
 """The feature specification: a public contract, in plain Python.
 
 This module is the slow, obvious definition of how a raw record becomes hashed feature
-indices. The bulk kernels (``pipeline.kernels``) must agree with it bit for bit, and tests
-check that they do.
+indices. The bulk kernels (``pipeline.hashing`` for murmur3, ``pipeline.criteo_kernel`` for the
+Criteo tokens) must agree with it bit for bit, and tests check that they do.
 
 - Criteo integer field ``Ik`` with value v -> token ``Ik={b}``; with ``log_squared`` bucketing
   b = v if v <= 2 else floor(ln(v)^2), with ``identity`` b = v.

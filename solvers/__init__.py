@@ -6,6 +6,6 @@ Layers (imports only go down; nothing here imports Spark):
   reductions; arrays and scalars only.
 - drivers: ``online`` (online passes + weighted averaging), ``lbfgs``, ``hybrid``; shared
   ``objective``, ``tracker`` (history, timings, held-out loss, early stopping), ``setup``
-  (input agreement), ``state`` (checkpoints), ``registry``.
+  (input agreement), ``state`` (checkpoints), ``catalogue`` (the registered losses and solvers).
 - ``solvers.api.train`` is the entry point; ``solvers.params.SolverParams`` the parameters.
 """

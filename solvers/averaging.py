@@ -13,7 +13,7 @@ The vector covers only the features in ``ids``: those some rank holds in its dat
 non-zero w or G for, agreed once, at the first averaging (:meth:`OnlineLearner.agree_features
 <solvers.online.OnlineLearner.agree_features>`). Every other feature has w = G = 0 on every rank,
 where the formulas give 0 as well, so its row is left as it is: the same bits as averaging every
-row, with 2·(1.33M + 1) floats instead of 2·(4.2M + 1) at 2M rows, bits 22.
+row, with 2·(|ids| + 1) floats instead of 2·(2^bits + 1).
 
 Why the mean for Ḡ: each next pass again runs over one shard, and with the mean a rank
 continues with the per-coordinate step sizes of a learner that has seen one shard's worth of

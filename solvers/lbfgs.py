@@ -167,9 +167,8 @@ class LBFGSPhase:
         """The line search's first trial step and the data passes it cost. With enough curvature
         pairs in memory (``lbfgs_newton_steps``), 1: the quasi-Newton step. With fewer (the
         first iterations, or after the memory was cleared) the direction's scale is not yet
-        right: the 1-D Newton step −∇f·p / pᵀ∇²f·p, from one curvature pass. On the hashed
-        click benchmark step 1 overshoots 3x at the first iteration (two more evaluations) and
-        undershoots 2x at the second (accepted, but half the decrease).
+        right, so step 1 may overshoot (extra evaluations) or undershoot (less decrease): the
+        1-D Newton step −∇f·p / pᵀ∇²f·p, from one curvature pass.
 
         Not for a loss without curvature (the catalogue's ``curvature``; hinge): its second derivative is 0, so only the penalty would bend the
         line (and not along the unpenalized intercept), giving absurd steps. A step that is not

@@ -2,13 +2,12 @@
 
 The L-BFGS vectors live in the agreed compact numbering (:mod:`solvers.active`), the same on
 every rank. A rank's CSR pass only touches the features of its own shard, so it works on a
-table of those alone (about 0.95M of 1.33M at 2M rows, 2 ranks), numbered in the order the
-shard first uses them: the features of the first rows, which include almost every frequent
-one, share a few hundred cache lines, and a rare feature's cell sits next to those of the
-features of the same and nearby rows, so the pass walks the cold part of the table almost
-sequentially instead of missing the cache once per rare entry. (Putting the most frequent
-features first instead measured the same.) Numbering needs no collective: it is built before
-the set is agreed, and its feature list is what the rank contributes to the agreement.
+table of those alone, numbered in the order the shard first uses them: the features of the
+first rows, which include almost every frequent one, share a few hundred cache lines, and a
+rare feature's cell sits next to those of the features of the same and nearby rows, so the
+pass walks the cold part of the table almost sequentially instead of missing the cache once
+per rare entry. Numbering needs no collective: it is built before the set is agreed, and its
+feature list is what the rank contributes to the agreement.
 
 The table interleaves θ_j with its gradient (and Hessian-diagonal) accumulators
 (:func:`solvers.kernels.objective.loss_grad_hess_table`). Each evaluation gathers θ into

@@ -10,10 +10,9 @@ it. Why: with one-hot fields every row holds exactly one feature of a field with
 values, so adding c to all of that field's weights and −c to the intercept leaves every margin
 unchanged. Along such directions the objective bends only through the penalty (λ times the
 field's size), while D sees the data's curvature: the diagonal overestimates their curvature by
-orders of magnitude and L-BFGS crawls along them. The remaining error of the hashed click
-benchmark at Spark MLlib's objective lay there (the loss below the optimum's, the penalty and
-the intercept off). E has one row per group: ~40 for Criteo. On the 2M-row benchmark L-BFGS
-then reached MLlib's objective in 7 evaluations instead of 14.
+orders of magnitude and L-BFGS crawls along them. E has one row per group: ~40 for Criteo.
+(The evidence that the error left near the optimum lies along these directions:
+``docs/design-notes.md``.)
 
 E's data part is estimated from every ``stride``-th run of 512 rows of each rank
 (:mod:`solvers.kernels.sampling`: about 2¹⁵ rows per rank; every row on small shards): a

@@ -1,6 +1,6 @@
 """What a solver gets (:class:`TrainRun`) and returns (:class:`TrainResult`).
 
-A solver function (see :mod:`solvers.registry`) receives a :class:`TrainRun` holding this
+A solver function (see :mod:`solvers.catalogue`) receives a :class:`TrainRun` holding this
 rank's validated shards (``inputs``), the communicator (whose first collective also runs the
 input agreement), the parameters, the distributed objective, the pass tracker and the resume
 state; it calls ``report_rows(rows_done)`` (if set) while a pass runs (progress heartbeats),

@@ -2,7 +2,7 @@
 presence marks the ranks agree on (packed as digits of float words).
 
 numpy's ``bincount`` and fancy indexing first widen an int32 index array to intp (a copy of
-the whole shard's indices); these loops read it in place (about 5x faster on a 33M-entry shard).
+the whole shard's indices); these loops read it in place.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def renumber(indices, position, out):
     return lowest
 
 
-#: How many entries ahead :func:`number_by_first_use` prefetches ``slot`` (0.14 -> 0.06 s on a
-#: 33.5M-entry shard with bits 22, whose 16 MiB slot array misses the cache at random).
+#: How many entries ahead :func:`number_by_first_use` prefetches ``slot`` (an int32 per feature,
+#: too large for the cache at CTR bit counts, read at random).
 LOOKAHEAD = 256
 
 
@@ -77,7 +77,7 @@ def store_column(table, col, where, dst):
 def scatter_ids(src, ids, out):
     """out[ids[c]] = src[c] for every c < len(ids), and out[-1] = src[-1] (the intercept). With
     ``ids`` ascending the writes stream through ``out`` (numpy's fancy assignment first widens
-    and checks the indices: 4x slower on 1.3M of 4.2M)."""
+    and checks the indices)."""
     for c in range(ids.shape[0]):
         out[ids[c]] = src[c]
     out[out.shape[0] - 1] = src[src.shape[0] - 1]

@@ -3,7 +3,7 @@
 An online pass is bound by random reads of the weight table (one cache miss per non-zero on
 data whose features do not fit the cache). While a row is being processed, prefetching the
 table rows of the *next* example's features overlaps those misses with the current row's
-arithmetic (measured: ~1.5x on CTR-like data). The hint never faults and changes no result.
+arithmetic. The hint never faults and changes no result.
 """
 
 from __future__ import annotations
