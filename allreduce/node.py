@@ -55,11 +55,12 @@ from __future__ import annotations
 
 import logging
 import queue
+import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -184,23 +185,25 @@ class TreeNode(Communicator):
             raise ValueError(
                 f"chunk_bytes ({chunk_bytes}) exceeds max_frame_bytes ({max_frame_bytes})"
             )
-        listener = open_listener(host, backlog=128, buffer_bytes=socket_buffer_bytes)
-        children = _Children(shard)
-        acceptor = Acceptor(
-            listener,
-            key,
-            name=f"rank {shard}",
-            role="parent",
-            expect_role="child",
-            accept=children.accept,
-            on_channel=children.on_channel,
+        links = _LinkSettings(
+            key=key,
+            attempt_id=str(attempt_id),
+            connect_timeout_s=connect_timeout_s,
             handshake_timeout_s=handshake_timeout_s,
             io_timeout_s=io_timeout_s,
             max_frame_bytes=max_frame_bytes,
             buffer_bytes=socket_buffer_bytes,
+            cipher=cipher,
+        )
+        listener = open_listener(host, backlog=128, buffer_bytes=socket_buffer_bytes)
+        children = _Children(shard)
+        acceptor = _child_acceptor(
+            listener,
+            shard,
+            children,
+            links,
             max_pending=max_unauthenticated,
             max_pending_per_source=max_unauthenticated_per_source,
-            cipher=cipher,
         ).start()
         try:
             if session is None:
@@ -219,18 +222,7 @@ class TreeNode(Communicator):
                 placement = session.register(
                     host, listener.getsockname()[1], timeout_s=startup_timeout_s
                 )
-            parent, kids = _link(
-                placement,
-                children,
-                key,
-                attempt_id=str(attempt_id),
-                connect_timeout_s=connect_timeout_s,
-                handshake_timeout_s=handshake_timeout_s,
-                io_timeout_s=io_timeout_s,
-                max_frame_bytes=max_frame_bytes,
-                buffer_bytes=socket_buffer_bytes,
-                cipher=cipher,
-            )
+            parent, kids = _link(placement, children, links)
         finally:
             acceptor.close()  # also closes the listener
             children.finish()
@@ -908,55 +900,101 @@ class _Children:
             chan.close()
 
 
-def _link(
-    placement: Placement,
+@dataclass(frozen=True)
+class _LinkSettings:
+    """How a rank authenticates and bounds its links to its tree neighbours."""
+
+    key: bytes = field(repr=False)
+    attempt_id: str
+    connect_timeout_s: float
+    handshake_timeout_s: float
+    io_timeout_s: float
+    max_frame_bytes: int
+    buffer_bytes: int | None
+    cipher: str
+
+
+def _child_acceptor(
+    listener: socket.socket,
+    me: int,
     children: _Children,
-    key: bytes,
+    links: _LinkSettings,
     *,
-    attempt_id: str,
-    connect_timeout_s: float,
-    handshake_timeout_s: float,
-    io_timeout_s: float,
-    max_frame_bytes: int,
-    buffer_bytes: int | None,
-    cipher: str,
+    max_pending: int,
+    max_pending_per_source: int,
+) -> Acceptor:
+    """The acceptor that serves a rank's listener: it authenticates the children as they
+    connect and hands their links to ``children`` (and bounds and closes junk connections)."""
+    return Acceptor(
+        listener,
+        links.key,
+        name=f"rank {me}",
+        role="parent",
+        expect_role="child",
+        accept=children.accept,
+        on_channel=children.on_channel,
+        handshake_timeout_s=links.handshake_timeout_s,
+        io_timeout_s=links.io_timeout_s,
+        max_frame_bytes=links.max_frame_bytes,
+        buffer_bytes=links.buffer_bytes,
+        max_pending=max_pending,
+        max_pending_per_source=max_pending_per_source,
+        cipher=links.cipher,
+    )
+
+
+def _link(
+    placement: Placement, children: _Children, links: _LinkSettings
 ) -> tuple[Channel | None, list[Channel]]:
     """Connect to the parent and collect the children, each link authenticated."""
-    me = placement.rank
     children.expect({c.rank for c in placement.children})
-    parent_chan: Channel | None = None
+    parent = _connect_parent(placement, links) if placement.parent is not None else None
     try:
-        if placement.parent is not None:
-            p = placement.parent
-            parent_chan, reply = connect_authenticated(
-                (p.host, p.port),
-                key,
-                role="child",
-                expect_role="parent",
-                info={"rank": me, "attempt_id": attempt_id},
-                rank=p.rank,
-                peer=None,
-                connect_timeout_s=connect_timeout_s,
-                handshake_timeout_s=handshake_timeout_s,
-                io_timeout_s=io_timeout_s,
-                max_frame_bytes=max_frame_bytes,
-                buffer_bytes=buffer_bytes,
-                cipher=cipher,
-            )
-            if reply.get("rank") != p.rank:
-                raise ProtocolError(
-                    f"rank {me} reached rank {reply.get('rank')!r} instead of its parent {p.rank}"
-                )
-        wait_s = connect_timeout_s + handshake_timeout_s
-        missing = children.wait(wait_s)
-        if missing:
-            raise PeerTimeout(
-                missing[0],
-                f"child rank(s) {missing} of rank {me} did not connect within {wait_s:g} s",
-            )
-        kids = children.take([c.rank for c in placement.children])
+        return parent, _await_children(placement, children, links)
     except BaseException:
-        if parent_chan is not None:
-            parent_chan.close()
+        if parent is not None:
+            parent.close()
         raise
-    return parent_chan, kids
+
+
+def _connect_parent(placement: Placement, links: _LinkSettings) -> Channel:
+    """The authenticated link to this rank's parent (with retries and backoff)."""
+    me, p = placement.rank, placement.parent
+    assert p is not None
+    chan, reply = connect_authenticated(
+        (p.host, p.port),
+        links.key,
+        role="child",
+        expect_role="parent",
+        info={"rank": me, "attempt_id": links.attempt_id},
+        rank=p.rank,
+        peer=None,
+        connect_timeout_s=links.connect_timeout_s,
+        handshake_timeout_s=links.handshake_timeout_s,
+        io_timeout_s=links.io_timeout_s,
+        max_frame_bytes=links.max_frame_bytes,
+        buffer_bytes=links.buffer_bytes,
+        cipher=links.cipher,
+    )
+    if reply.get("rank") != p.rank:
+        chan.close()
+        raise ProtocolError(
+            f"rank {me} reached rank {reply.get('rank')!r} instead of its parent {p.rank}"
+        )
+    return chan
+
+
+def _await_children(
+    placement: Placement, children: _Children, links: _LinkSettings
+) -> list[Channel]:
+    """The links of this rank's children, in the placement's order, once all have connected
+    (PeerTimeout naming the first missing child if they have not within the connect and
+    handshake timeouts)."""
+    wait_s = links.connect_timeout_s + links.handshake_timeout_s
+    missing = children.wait(wait_s)
+    if missing:
+        raise PeerTimeout(
+            missing[0],
+            f"child rank(s) {missing} of rank {placement.rank} did not connect within {wait_s:g} s",
+        )
+    return children.take([c.rank for c in placement.children])
