@@ -1,5 +1,5 @@
-"""GPU local solvers (TPA-SCD) for CoCoA / SCD with device-resident local variables, and the
-trainer that uses them.
+"""GPU local solvers (TPA-SCD) for CoCoA / SCD with device-resident local variables (the GPU
+twins of ``local_solver``).
 
 ``GpuDualLocalSolver`` / ``GpuPrimalLocalSolver`` hold one rank's share of a CoCoA problem on
 the device: the training data (CSR rows for the dual, CSC columns for the primal), labels,
@@ -17,15 +17,12 @@ weights, norms, the local variables of the committed point ``x0`` and of the rou
   checkpoint or the model needs it.
 
 Host buffers of vector transfers are pinned (``cuda.pinned_array``), as in Parnell et al. Sec. V-A.
-``gpu_problem`` wraps these into the round loop's ``Problem``; ``train_cocoa_gpu`` runs it.
+``gpu_problem`` wraps these into the round loop's ``Problem``; ``gpu.train_cocoa_gpu`` runs it.
 """
 
 from __future__ import annotations
 
 import abc
-import functools
-import warnings
-from collections.abc import Callable
 
 import numpy as np
 from terascale.solvers.data import CSRData
@@ -34,16 +31,12 @@ from terascale.solvers.scd.gpu_device import (
     Device,
     coord_grid,
     default_threads,
-    gpu_available,
     launch_shape,
     require_gpu,
-    select_device,
-    simulator_enabled,
 )
 from terascale.solvers.scd.partition import FeatureBlock
 
-__all__ = ["GpuDualLocalSolver", "GpuPrimalLocalSolver", "gpu_available", "select_device",
-           "simulator_enabled", "train_cocoa_gpu"]
+__all__ = ["GpuDualLocalSolver", "GpuPrimalLocalSolver"]
 
 _REDUCE_COLUMNS = 3
 
@@ -261,25 +254,3 @@ class GpuPrimalLocalSolver(_GpuLocalSolver):
         grid, threads = launch_shape(self.n, 256)
         r = self._reduce(self.rk.primal_line_partials, grid, threads, (self.x, self.x0, self.n), 2)
         return float(r[0]), float(r[1])
-
-
-def train_cocoa_gpu(data: CSRData, comm, params, on_round_end: Callable | None = None,
-                    threads_per_block: int | None = None, blocks: int | None = None,
-                    fallback: bool = True, resume=None):
-    """``api.train_cocoa`` with the local variables and TPA-SCD local solvers on the GPU
-    (``gpu_problem``; ``params.threads`` / ``bucket_size`` are ignored: the GPU's thread blocks
-    are the parallelism). Without a usable GPU: a warning naming the reason and the CPU solver
-    when ``fallback``, else RuntimeError."""
-    from terascale.solvers.scd import api
-    from terascale.solvers.scd.gpu_problem import make_gpu_problem
-
-    ok, reason = gpu_available()
-    if not ok:
-        if not fallback:
-            raise RuntimeError(f"TPA-SCD needs a CUDA device: {reason}")
-        warnings.warn(f"no GPU for TPA-SCD ({reason}); using the CPU solver", RuntimeWarning,
-                      stacklevel=2)
-        return api.train_cocoa(data, comm, params, on_round_end, resume)
-    factory = functools.partial(make_gpu_problem, threads_per_block=threads_per_block,
-                                blocks=blocks)
-    return api.train_cocoa(data, comm, params, on_round_end, resume, make_problem=factory)
