@@ -55,10 +55,12 @@ from __future__ import annotations
 
 import logging
 import queue
+import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -183,23 +185,25 @@ class TreeNode(Communicator):
             raise ValueError(
                 f"chunk_bytes ({chunk_bytes}) exceeds max_frame_bytes ({max_frame_bytes})"
             )
-        listener = open_listener(host, backlog=128, buffer_bytes=socket_buffer_bytes)
-        children = _Children(shard)
-        acceptor = Acceptor(
-            listener,
-            key,
-            name=f"rank {shard}",
-            role="parent",
-            expect_role="child",
-            accept=children.accept,
-            on_channel=children.on_channel,
+        links = _LinkSettings(
+            key=key,
+            attempt_id=str(attempt_id),
+            connect_timeout_s=connect_timeout_s,
             handshake_timeout_s=handshake_timeout_s,
             io_timeout_s=io_timeout_s,
             max_frame_bytes=max_frame_bytes,
             buffer_bytes=socket_buffer_bytes,
+            cipher=cipher,
+        )
+        listener = open_listener(host, backlog=128, buffer_bytes=socket_buffer_bytes)
+        children = _Children(shard)
+        acceptor = _child_acceptor(
+            listener,
+            shard,
+            children,
+            links,
             max_pending=max_unauthenticated,
             max_pending_per_source=max_unauthenticated_per_source,
-            cipher=cipher,
         ).start()
         try:
             if session is None:
@@ -218,18 +222,7 @@ class TreeNode(Communicator):
                 placement = session.register(
                     host, listener.getsockname()[1], timeout_s=startup_timeout_s
                 )
-            parent, kids = _link(
-                placement,
-                children,
-                key,
-                attempt_id=str(attempt_id),
-                connect_timeout_s=connect_timeout_s,
-                handshake_timeout_s=handshake_timeout_s,
-                io_timeout_s=io_timeout_s,
-                max_frame_bytes=max_frame_bytes,
-                buffer_bytes=socket_buffer_bytes,
-                cipher=cipher,
-            )
+            parent, kids = _link(placement, children, links)
         finally:
             acceptor.close()  # also closes the listener
             children.finish()
@@ -363,152 +356,81 @@ class TreeNode(Communicator):
     def _run(
         self, op: str, flat: np.ndarray, sources: Sequence[Channel], own: bool, up: bool
     ) -> np.ndarray:
+        """Plan the collective, take its buffers and writers, run its flows, raise the first
+        failure or record the call's statistics."""
         t0 = time.perf_counter()
-        n, item = flat.size, flat.dtype.itemsize
-        per = max(1, self._chunk_bytes // item)
-        bounds = [(lo, min(lo + per, n)) for lo in range(0, n, per)] or [(0, 0)]
-        nchunks = len(bounds)
-        out = self._outputs.take(flat.dtype, n)
-        root = self._parent is None
-        parent, children = self._parent, self._children
-        up_type, down_type = _UP[item], _DOWN[item]
-        has_up = up or root
-        has_down = self.size > 1
-        # Pipelined (several chunks, both phases): each outgoing link gets a writer thread, so
-        # chunk k+1 is sealed (encrypted) while chunk k is on the wire; a chunk going up is
-        # built in one of two alternating target buffers, as a writer may still be sending
-        # the previous one from the other.
-        pipelined = has_up and has_down and nchunks > 1
-        n_scratch = len(sources) if own else 0
-        n_targets = 2 if pipelined else 1
-        scratch = (
-            self._buffers(flat.dtype, min(per, max(n, 1)), n_scratch + n_targets)
-            if n_scratch or not root
-            else []
+        plan = _Plan.make(
+            flat.size,
+            flat.dtype.itemsize,
+            self._chunk_bytes,
+            root=self._parent is None,
+            size=self.size,
+            n_sources=len(sources),
+            own=own,
+            up=up,
         )
-        targets = scratch[n_scratch : n_scratch + n_targets]
-        first_ready = [0.0]
-        failure: list[BaseException] = []
-        fail_lock = threading.Lock()
-
-        def fail(exc: BaseException) -> None:
-            with fail_lock:
-                first = not failure
-                failure.append(exc)
-            if first:
-                self._broken = exc
-                self._abort_links(exc)
-
-        frame_bytes = min(per, max(n, 1)) * item
-        up_w = None
-        down_ws: list[_Writer] = []
-        if pipelined and self._overlap:
-            failed = failure.__len__
-            if not root:
-                up_w = _Writer(parent, self._seal_buffers(parent, frame_bytes), fail, failed)
-            down_ws = [
-                _Writer(c, self._seal_buffers(c, frame_bytes), fail, failed) for c in children
-            ]
-
-        def up_chunk(i: int) -> None:
-            lo, hi = bounds[i]
-            m = hi - lo
-            slot = up_w.slot() if up_w is not None else 0
-            target = out[lo:hi] if root else targets[slot][:m]
-            if not sources:
-                if root:
-                    np.copyto(target, flat[lo:hi])
-                else:
-                    target = flat[lo:hi]  # a leaf sends its own chunk as is
-            elif not own:
-                sources[0].recv_data_into(up_type, _bytes(target))
+        out = self._outputs.take(flat.dtype, flat.size)
+        failure = _Failure(self._break)
+        scratch, targets = self._chunk_buffers(plan, flat.dtype)
+        up_writer, down_writers = self._writers(plan, flat.dtype.itemsize, failure)
+        run = _CollectiveRun(
+            plan,
+            flat,
+            out,
+            parent=self._parent,
+            children=self._children,
+            sources=sources,
+            scratch=scratch,
+            targets=targets,
+            up_writer=up_writer,
+            down_writers=down_writers,
+            failure=failure,
+        )
+        try:
+            if plan.pipelined:
+                run.run_pipelined(name=f"rank{self.rank}-{op}-down", poll_s=self._io_timeout_s)
             else:
-                for j, chan in enumerate(sources):
-                    chan.recv_data_into(up_type, _bytes(scratch[j][:m]))
-                t = time.perf_counter()
-                np.add(flat[lo:hi], scratch[0][:m], out=target)
-                for j in range(1, len(sources)):
-                    np.add(target, scratch[j][:m], out=target)
-                self._add_s += time.perf_counter() - t
-            if root:
-                if i == 0:
-                    first_ready[0] = time.perf_counter()
-            elif up_w is not None:
-                up_w.submit(slot, up_type, _bytes(target))
-            else:
-                parent.send(up_type, _bytes(target))  # type: ignore[union-attr]
-
-        def down_chunk(i: int) -> None:
-            lo, hi = bounds[i]
-            view = _bytes(out[lo:hi])
-            if not root:
-                parent.recv_data_into(down_type, view)  # type: ignore[union-attr]
-                if i == 0:
-                    first_ready[0] = time.perf_counter()
-            if down_ws:
-                for w in down_ws:
-                    w.submit(w.slot(), down_type, view)
-            else:
-                for chan in children:
-                    chan.send(down_type, view)
-
-        if pipelined:
-            ready = threading.Semaphore(0)
-
-            def downward() -> None:
-                try:
-                    for i in range(nchunks):
-                        # The reduce loop releases once per chunk, and nchunks times on failure.
-                        while root and not ready.acquire(timeout=self._io_timeout_s):
-                            if failure:
-                                return
-                        if failure:
-                            return
-                        down_chunk(i)
-                    for w in down_ws:
-                        w.finish()
-                except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
-                    fail(exc)
-
-            helper = threading.Thread(
-                target=downward, name=f"rank{self.rank}-{op}-down", daemon=True
-            )
-            helper.start()
-            try:
-                for i in range(nchunks):
-                    up_chunk(i)
-                    if root:
-                        ready.release()
-                if up_w is not None:
-                    up_w.finish()
-            except BaseException as exc:  # noqa: BLE001
-                fail(exc)
-            finally:
-                if failure and root:
-                    ready.release(nchunks)
-                # Terminates: each blocking call in it gives up once its neighbour is silent for
-                # heartbeat_timeout_s (or after max_wait_s), and a failure shuts the links down,
-                # which wakes it at once.
-                helper.join()
-                for w in ([up_w] if up_w is not None else []) + down_ws:
-                    w.close()
-        else:
-            try:
-                if has_up:
-                    for i in range(nchunks):
-                        up_chunk(i)
-                if has_down:
-                    for i in range(nchunks):
-                        down_chunk(i)
-            except BaseException as exc:  # noqa: BLE001
-                fail(exc)
-        if failure:
-            raise failure[0]
+                run.run_in_turn()
+        finally:
+            self._add_s += run.add_s
+        failure.raise_first()
         t1 = time.perf_counter()
-        if not has_down:
-            first_ready[0] = t0
-        self._stats.record(op, flat, nchunks, t1 - t0, first_ready[0] - t0)
+        first_ready = run.first_ready if plan.has_down else t0
+        self._stats.record(op, flat, plan.nchunks, t1 - t0, first_ready - t0)
         return out
+
+    def _break(self, exc: BaseException) -> None:
+        """The first failure of a collective: the node is unusable, the neighbours are told."""
+        self._broken = exc
+        self._abort_links(exc)
+
+    def _chunk_buffers(
+        self, plan: _Plan, dtype: np.dtype
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The collective's reused chunk buffers: (one per child whose partial sum is added here,
+        the ones a chunk going up is built in). Pipelined, a chunk going up is built in one of
+        two alternating targets, as a writer may still be sending the previous one from the
+        other."""
+        n_scratch = plan.n_sources if plan.own else 0
+        n_targets = 2 if plan.pipelined else 1
+        if not n_scratch and plan.root:
+            return [], []
+        bufs = self._buffers(dtype, plan.frame_items, n_scratch + n_targets)
+        return bufs[:n_scratch], bufs[n_scratch : n_scratch + n_targets]
+
+    def _writers(
+        self, plan: _Plan, itemsize: int, failure: _Failure
+    ) -> tuple[_Writer | None, list[_Writer]]:
+        """With ``overlap``, a pipelined collective's writer threads: (the parent's link's, the
+        children's links'), so chunk k+1 is sealed (encrypted) while chunk k is on the wire."""
+        if not (plan.pipelined and self._overlap):
+            return None, []
+        frame_bytes = plan.frame_items * itemsize
+        up = None
+        if self._parent is not None:
+            up = _Writer(self._parent, self._seal_buffers(self._parent, frame_bytes), failure)
+        down = [_Writer(c, self._seal_buffers(c, frame_bytes), failure) for c in self._children]
+        return up, down
 
     def _seal_buffers(self, chan: Channel, frame_bytes: int) -> list[Any]:
         """The link's reused ciphertext buffers (None where the cipher does not encrypt)."""
@@ -533,6 +455,281 @@ class TreeNode(Communicator):
             chan.shutdown()
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """How one collective passes through this node: its chunks and this node's part in it."""
+
+    bounds: tuple[tuple[int, int], ...]  # [lo, hi) of each chunk; one empty chunk if n = 0
+    frame_items: int  # elements in the largest chunk
+    up_type: MsgType
+    down_type: MsgType
+    n_sources: int  # children whose chunks flow up into this node
+    own: bool  # this node's array is part of the sum
+    root: bool
+    has_up: bool  # this node takes part in the upward flow
+    has_down: bool  # there is a downward flow (more than one rank)
+    pipelined: bool  # several chunks and both flows: the downward flow runs on its own thread
+
+    @classmethod
+    def make(
+        cls,
+        n: int,
+        itemsize: int,
+        chunk_bytes: int,
+        *,
+        root: bool,
+        size: int,
+        n_sources: int,
+        own: bool,
+        up: bool,
+    ) -> _Plan:
+        per = max(1, chunk_bytes // itemsize)
+        bounds = tuple((lo, min(lo + per, n)) for lo in range(0, n, per)) or ((0, 0),)
+        has_up = up or root
+        has_down = size > 1
+        return cls(
+            bounds=bounds,
+            frame_items=min(per, max(n, 1)),
+            up_type=_UP[itemsize],
+            down_type=_DOWN[itemsize],
+            n_sources=n_sources,
+            own=own,
+            root=root,
+            has_up=has_up,
+            has_down=has_down,
+            pipelined=has_up and has_down and len(bounds) > 1,
+        )
+
+    @property
+    def nchunks(self) -> int:
+        return len(self.bounds)
+
+
+class _Failure:
+    """The errors of one collective's threads (the calling thread, the downward flow, the
+    writers). The first one recorded is the one raised, and it calls ``on_first`` (which aborts
+    the links, waking every thread blocked on them)."""
+
+    def __init__(self, on_first: Callable[[BaseException], None]) -> None:
+        self._on_first = on_first
+        self._lock = threading.Lock()
+        self._errors: list[BaseException] = []
+
+    @property
+    def failed(self) -> bool:
+        return bool(self._errors)
+
+    def record(self, exc: BaseException) -> None:
+        with self._lock:
+            first = not self._errors
+            self._errors.append(exc)
+        if first:
+            self._on_first(exc)
+
+    def raise_first(self) -> None:
+        if self._errors:
+            raise self._errors[0]
+
+
+class _CollectiveRun:
+    """One collective passing through one node: the upward flow (reduce: each chunk summed here
+    and sent to the parent) and the downward flow (each chunk of the root's result received
+    from the parent and sent to the children), chunk by chunk.
+
+    Not pipelined, the calling thread runs every chunk up, then every chunk down. Pipelined, the
+    calling thread runs the upward flow while a :class:`_DownwardFlow` thread runs the downward
+    one. Every error goes to ``failure``; the caller raises the first one.
+    """
+
+    def __init__(
+        self,
+        plan: _Plan,
+        flat: np.ndarray,
+        out: np.ndarray,
+        *,
+        parent: Channel | None,
+        children: Sequence[Channel],
+        sources: Sequence[Channel],
+        scratch: list[np.ndarray],
+        targets: list[np.ndarray],
+        up_writer: _Writer | None,
+        down_writers: list[_Writer],
+        failure: _Failure,
+    ) -> None:
+        self.plan = plan
+        self._flat, self._out = flat, out
+        self._parent, self._children, self._sources = parent, children, sources
+        self._scratch, self._targets = scratch, targets
+        self._up_writer, self._down_writers = up_writer, down_writers
+        self._failure = failure
+        self.first_ready = 0.0  # when the first chunk of the result was in ``out``
+        self.add_s = 0.0  # time spent adding children's chunks
+
+    def run_in_turn(self) -> None:
+        """Every chunk up, then every chunk down, on the calling thread."""
+        try:
+            if self.plan.has_up:
+                for i in range(self.plan.nchunks):
+                    self.up_chunk(i)
+            if self.plan.has_down:
+                for i in range(self.plan.nchunks):
+                    self.down_chunk(i)
+        except BaseException as exc:  # noqa: BLE001
+            self._failure.record(exc)
+
+    def run_pipelined(self, *, name: str, poll_s: float) -> None:
+        """The upward flow on the calling thread, the downward flow on a thread of its own."""
+        down = _DownwardFlow(
+            self.down_chunk,
+            self.plan.nchunks,
+            self._down_writers,
+            self._failure,
+            gated=self.plan.root,
+            poll_s=poll_s,
+            name=name,
+        )
+        down.start()
+        try:
+            for i in range(self.plan.nchunks):
+                self.up_chunk(i)
+                down.chunk_ready()
+            if self._up_writer is not None:
+                self._up_writer.finish()
+        except BaseException as exc:  # noqa: BLE001
+            self._failure.record(exc)
+        finally:
+            if self._failure.failed:
+                down.release_all()
+            # Terminates: each blocking call in it gives up once its neighbour is silent for
+            # heartbeat_timeout_s (or after max_wait_s), and a failure shuts the links down,
+            # which wakes it at once.
+            down.join()
+            writers = [self._up_writer] if self._up_writer is not None else []
+            for w in writers + self._down_writers:
+                w.close()
+
+    def up_chunk(self, i: int) -> None:
+        """Chunk ``i`` going up: this node's chunk plus its children's partial sums, in order,
+        sent to the parent (the root keeps the sum in ``out``)."""
+        p = self.plan
+        lo, hi = p.bounds[i]
+        m = hi - lo
+        slot = self._up_writer.slot() if self._up_writer is not None else 0
+        target = self._out[lo:hi] if p.root else self._targets[slot][:m]
+        if not self._sources:
+            if p.root:
+                np.copyto(target, self._flat[lo:hi])
+            else:
+                target = self._flat[lo:hi]  # a leaf sends its own chunk as is
+        elif not p.own:
+            self._sources[0].recv_data_into(p.up_type, _bytes(target))
+        else:
+            self._sum_into(target, lo, hi)
+        if p.root:
+            if i == 0:
+                self.first_ready = time.perf_counter()
+        elif self._up_writer is not None:
+            self._up_writer.submit(slot, p.up_type, _bytes(target))
+        else:
+            self._parent.send(p.up_type, _bytes(target))  # type: ignore[union-attr]
+
+    def _sum_into(self, target: np.ndarray, lo: int, hi: int) -> None:
+        """``target`` = this node's ``[lo, hi)`` + each child's chunk, in the children's order
+        (the fixed order that makes the sum bit-identical on every rank)."""
+        m = hi - lo
+        for j, chan in enumerate(self._sources):
+            chan.recv_data_into(self.plan.up_type, _bytes(self._scratch[j][:m]))
+        t = time.perf_counter()
+        np.add(self._flat[lo:hi], self._scratch[0][:m], out=target)
+        for j in range(1, len(self._sources)):
+            np.add(target, self._scratch[j][:m], out=target)
+        self.add_s += time.perf_counter() - t
+
+    def down_chunk(self, i: int) -> None:
+        """Chunk ``i`` of the result going down: from the parent into ``out`` (the root has it
+        there already), then to every child."""
+        p = self.plan
+        lo, hi = p.bounds[i]
+        view = _bytes(self._out[lo:hi])
+        if not p.root:
+            self._parent.recv_data_into(p.down_type, view)  # type: ignore[union-attr]
+            if i == 0:
+                self.first_ready = time.perf_counter()
+        if self._down_writers:
+            for w in self._down_writers:
+                w.submit(w.slot(), p.down_type, view)
+        else:
+            for chan in self._children:
+                chan.send(p.down_type, view)
+
+
+class _DownwardFlow:
+    """The downward flow of a pipelined collective, on a thread of its own, so the reduction of
+    chunk ``i+1`` overlaps the transfer of chunk ``i`` down the tree.
+
+    ``send_chunk(i)`` moves chunk ``i`` down; then the writers are drained. At the root
+    (``gated``) chunk ``i`` may go down only once the reduce loop has summed it: the reduce loop
+    calls :meth:`chunk_ready` once per chunk, and :meth:`release_all` when it failed; a waiting
+    thread also checks ``failure`` every ``poll_s``. Elsewhere the chunks come from the parent,
+    so nothing gates them. The thread's error goes to ``failure``; the thread stops before its
+    next chunk once ``failure`` holds any error.
+    """
+
+    def __init__(
+        self,
+        send_chunk: Callable[[int], None],
+        nchunks: int,
+        writers: list[_Writer],
+        failure: _Failure,
+        *,
+        gated: bool,
+        poll_s: float,
+        name: str,
+    ) -> None:
+        self._send_chunk = send_chunk
+        self._nchunks = nchunks
+        self._writers = writers
+        self._failure = failure
+        self._gated = gated
+        self._poll_s = poll_s
+        self._summed = threading.Semaphore(0)  # one release per chunk the reduce loop summed
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def chunk_ready(self) -> None:
+        """The reduce loop has summed its next chunk: at the root, that chunk may go down."""
+        if self._gated:
+            self._summed.release()
+
+    def release_all(self) -> None:
+        """The reduce loop failed: wake the thread if it waits for a chunk (it then stops)."""
+        if self._gated:
+            self._summed.release(self._nchunks)
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def _may_send(self) -> bool:
+        """Wait until the next chunk may go down; False if the collective failed meanwhile."""
+        while self._gated and not self._summed.acquire(timeout=self._poll_s):
+            if self._failure.failed:
+                return False
+        return not self._failure.failed
+
+    def _run(self) -> None:
+        try:
+            for i in range(self._nchunks):
+                if not self._may_send():
+                    return
+                self._send_chunk(i)
+            for w in self._writers:
+                w.finish()
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            self._failure.record(exc)
+
+
 class _Stopped(Exception):
     """Another thread of the collective failed (its error is the one raised)."""
 
@@ -542,22 +739,17 @@ class _Writer:
 
     The collective's thread seals chunk k+1 (:meth:`Channel.seal_data`, into one of
     ``DEPTH`` reused buffers) while this thread has chunk k on the wire. A send error is
-    handed to ``fail`` (which aborts the collective); a waiting caller stops when ``failed()``.
+    recorded in ``failure`` (which aborts the collective); a waiting caller stops once
+    ``failure`` holds any error.
     """
 
     DEPTH = 2
     ABORT_GRACE_S = 0.25
 
-    def __init__(
-        self,
-        chan: Channel,
-        buffers: list[Any],
-        fail: Callable[[BaseException], None],
-        failed: Callable[[], int],
-    ) -> None:
+    def __init__(self, chan: Channel, buffers: list[Any], failure: _Failure) -> None:
         self._chan = chan
         self._bufs = buffers
-        self._fail, self._failed = fail, failed
+        self._failure = failure
         self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
         for i in range(self.DEPTH):
             self._free.put(i)
@@ -571,7 +763,7 @@ class _Writer:
             try:
                 return self._free.get(timeout=0.05)
             except queue.Empty:
-                if self._failed():
+                if self._failure.failed:
                     raise _Stopped() from None
 
     def submit(self, slot: int, msg_type: MsgType, view: memoryview) -> None:
@@ -581,7 +773,7 @@ class _Writer:
         """Wait until every submitted frame is sent."""
         self._todo.put(None)
         self._thread.join()
-        if self._failed():
+        if self._failure.failed:
             raise _Stopped()
 
     def close(self) -> None:
@@ -601,9 +793,9 @@ class _Writer:
                     # a peer that closed the link may have sent an ABORT saying why: give the
                     # thread reading this link a moment to report it first
                     deadline = time.monotonic() + self.ABORT_GRACE_S
-                    while not self._failed() and time.monotonic() < deadline:
+                    while not self._failure.failed and time.monotonic() < deadline:
                         time.sleep(0.005)
-                self._fail(exc)
+                self._failure.record(exc)
                 return
             self._free.put(slot)
 
@@ -708,55 +900,101 @@ class _Children:
             chan.close()
 
 
-def _link(
-    placement: Placement,
+@dataclass(frozen=True)
+class _LinkSettings:
+    """How a rank authenticates and bounds its links to its tree neighbours."""
+
+    key: bytes = field(repr=False)
+    attempt_id: str
+    connect_timeout_s: float
+    handshake_timeout_s: float
+    io_timeout_s: float
+    max_frame_bytes: int
+    buffer_bytes: int | None
+    cipher: str
+
+
+def _child_acceptor(
+    listener: socket.socket,
+    me: int,
     children: _Children,
-    key: bytes,
+    links: _LinkSettings,
     *,
-    attempt_id: str,
-    connect_timeout_s: float,
-    handshake_timeout_s: float,
-    io_timeout_s: float,
-    max_frame_bytes: int,
-    buffer_bytes: int | None,
-    cipher: str,
+    max_pending: int,
+    max_pending_per_source: int,
+) -> Acceptor:
+    """The acceptor that serves a rank's listener: it authenticates the children as they
+    connect and hands their links to ``children`` (and bounds and closes junk connections)."""
+    return Acceptor(
+        listener,
+        links.key,
+        name=f"rank {me}",
+        role="parent",
+        expect_role="child",
+        accept=children.accept,
+        on_channel=children.on_channel,
+        handshake_timeout_s=links.handshake_timeout_s,
+        io_timeout_s=links.io_timeout_s,
+        max_frame_bytes=links.max_frame_bytes,
+        buffer_bytes=links.buffer_bytes,
+        max_pending=max_pending,
+        max_pending_per_source=max_pending_per_source,
+        cipher=links.cipher,
+    )
+
+
+def _link(
+    placement: Placement, children: _Children, links: _LinkSettings
 ) -> tuple[Channel | None, list[Channel]]:
     """Connect to the parent and collect the children, each link authenticated."""
-    me = placement.rank
     children.expect({c.rank for c in placement.children})
-    parent_chan: Channel | None = None
+    parent = _connect_parent(placement, links) if placement.parent is not None else None
     try:
-        if placement.parent is not None:
-            p = placement.parent
-            parent_chan, reply = connect_authenticated(
-                (p.host, p.port),
-                key,
-                role="child",
-                expect_role="parent",
-                info={"rank": me, "attempt_id": attempt_id},
-                rank=p.rank,
-                peer=None,
-                connect_timeout_s=connect_timeout_s,
-                handshake_timeout_s=handshake_timeout_s,
-                io_timeout_s=io_timeout_s,
-                max_frame_bytes=max_frame_bytes,
-                buffer_bytes=buffer_bytes,
-                cipher=cipher,
-            )
-            if reply.get("rank") != p.rank:
-                raise ProtocolError(
-                    f"rank {me} reached rank {reply.get('rank')!r} instead of its parent {p.rank}"
-                )
-        wait_s = connect_timeout_s + handshake_timeout_s
-        missing = children.wait(wait_s)
-        if missing:
-            raise PeerTimeout(
-                missing[0],
-                f"child rank(s) {missing} of rank {me} did not connect within {wait_s:g} s",
-            )
-        kids = children.take([c.rank for c in placement.children])
+        return parent, _await_children(placement, children, links)
     except BaseException:
-        if parent_chan is not None:
-            parent_chan.close()
+        if parent is not None:
+            parent.close()
         raise
-    return parent_chan, kids
+
+
+def _connect_parent(placement: Placement, links: _LinkSettings) -> Channel:
+    """The authenticated link to this rank's parent (with retries and backoff)."""
+    me, p = placement.rank, placement.parent
+    assert p is not None
+    chan, reply = connect_authenticated(
+        (p.host, p.port),
+        links.key,
+        role="child",
+        expect_role="parent",
+        info={"rank": me, "attempt_id": links.attempt_id},
+        rank=p.rank,
+        peer=None,
+        connect_timeout_s=links.connect_timeout_s,
+        handshake_timeout_s=links.handshake_timeout_s,
+        io_timeout_s=links.io_timeout_s,
+        max_frame_bytes=links.max_frame_bytes,
+        buffer_bytes=links.buffer_bytes,
+        cipher=links.cipher,
+    )
+    if reply.get("rank") != p.rank:
+        chan.close()
+        raise ProtocolError(
+            f"rank {me} reached rank {reply.get('rank')!r} instead of its parent {p.rank}"
+        )
+    return chan
+
+
+def _await_children(
+    placement: Placement, children: _Children, links: _LinkSettings
+) -> list[Channel]:
+    """The links of this rank's children, in the placement's order, once all have connected
+    (PeerTimeout naming the first missing child if they have not within the connect and
+    handshake timeouts)."""
+    wait_s = links.connect_timeout_s + links.handshake_timeout_s
+    missing = children.wait(wait_s)
+    if missing:
+        raise PeerTimeout(
+            missing[0],
+            f"child rank(s) {missing} of rank {placement.rank} did not connect within {wait_s:g} s",
+        )
+    return children.take([c.rank for c in placement.children])

@@ -35,34 +35,6 @@ from terascale.allreduce.server import TreeServer
 log = logging.getLogger("terascale.allreduce")
 
 
-_ERROR_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*[a-z]\w*: \S.*$")  # "pkg.mod.SomeError: message"
-_BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\) finished unsuccessfully\.\s*\n([^\n]*)")
-_LOST_TASK = re.compile(r"Lost task (\d+)\.\d+ in stage \S+ \(TID \d+\) \(([^)]*)\): ([^\n]*)")
-_JVM_PREFIXES = ("org.apache.spark", "py4j", "java.", "scala.")
-
-
-def spark_error_summary(err: BaseException) -> str:
-    """One line naming the failed task and why, out of Spark's long wrapped job failure.
-
-    The Python exception line when the task raised; else Spark's own reason (e.g. a Python
-    worker that crashed); prefixed with the task's partition index when Spark names it.
-    """
-    text = str(err)
-    task = None
-    spark_reason = None
-    m = _BARRIER_TASK.search(text) or _LOST_TASK.search(text)
-    if m is not None:
-        task = m.group(1)
-        spark_reason = m.group(m.lastindex)
-        for prefix in ("org.apache.spark.SparkException: ", "org.apache.spark.api.python.PythonException: "):
-            spark_reason = spark_reason.removeprefix(prefix)
-        spark_reason = spark_reason.split(". Consider setting", 1)[0]
-    found = [m.group(0) for m in map(_ERROR_LINE.match, (x.strip() for x in text.splitlines())) if m]
-    found = [f for f in found if not f.startswith(_JVM_PREFIXES)]
-    reason = found[-1] if found else spark_reason or (text.splitlines()[0] if text else type(err).__name__)
-    return f"task {task}: {reason}" if task is not None else reason
-
-
 class BarrierError(RuntimeError):
     """The barrier stage cannot run, or failed in every attempt; the message says why.
     ``attempts``: the driver attempts made (``BarrierResult.attempts`` records)."""
@@ -259,12 +231,15 @@ class BarrierResult:
 
 def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: NetConf,
                 max_attempts: int = 3, server_host: str = "", job_name: str = "terascale barrier",
-                no_retry: tuple[str, ...] = (),
+                summarize_error: Callable[[BaseException], str], no_retry: tuple[str, ...] = (),
                 on_attempt: Callable[[TreeServer, int], None] | None = None) -> BarrierResult:
     """Run ``task_fn`` on ``num_shards`` workers + ``spares`` spares; retry failed attempts.
 
-    A failure whose summary names one of the exception class names in ``no_retry`` (errors a
-    new attempt would only repeat, e.g. invalid input) fails the job at once.
+    ``summarize_error`` turns a failed Spark job's exception into one line naming the failed task
+    and why (the caller's: e.g. ``pipeline.spark_errors.spark_error_summary``, which the train
+    job passes); each failed attempt is logged and recorded with it. A failure whose summary
+    names one of the exception class names in ``no_retry`` (errors a new attempt would only
+    repeat, e.g. invalid input) fails the job at once.
     ``on_attempt(server, attempt)`` is called when an attempt's tree server is up (e.g. to
     show its pass-1 progress).
     """
@@ -295,7 +270,7 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
                 rdd = sc.parallelize(range(num_shards + spares), num_shards + spares)
                 tasks = rdd.barrier().mapPartitionsWithIndex(fn).collect()
             except Exception as e:  # noqa: BLE001 - a failed barrier stage: log why, then retry
-                why = spark_error_summary(e)
+                why = summarize_error(e)
                 attempts.append({"attempt": attempt, "seconds": time.perf_counter() - t0, "outcome": "failed", "error": why})
                 log.warning("%s: attempt %d failed: %s", job_name, attempt + 1, why)
                 if any(name in why for name in no_retry):

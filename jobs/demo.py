@@ -17,6 +17,15 @@ import shutil
 import time
 
 from terascale.jobs.config import load_config
+from terascale.jobs.steps import (
+    check_metrics_out,
+    evaluate,
+    featurize,
+    featurize_summary,
+    metrics_summary,
+    train,
+    train_summary,
+)
 
 _GENERATED = ("_truth.json", "part-*.tsv", "part-*.tsv.gz", "part-*.prob.npy")
 
@@ -36,14 +45,6 @@ def _remove_generated(path: str) -> None:
 
 
 def run_demo(workdir: str, rows: int) -> int:
-    from terascale.jobs.cli import (
-        evaluate,
-        featurize,
-        featurize_summary,
-        metrics_summary,
-        train,
-        train_summary,
-    )
     from terascale.pipeline import fsutil
     from terascale.pipeline.generate import generate_clicklogs
 
@@ -81,9 +82,7 @@ def run_demo(workdir: str, rows: int) -> int:
     print(metrics_summary(r))
     print(f"  Bayes-optimal       {gt['bayes_logloss']:.6f} (the generator's true probabilities)")
     metrics_path = os.path.join(workdir, "metrics.json")
-    from terascale.jobs.cli import _check_metrics_out
-
-    _check_metrics_out(metrics_path, overwrite=True)
+    check_metrics_out(metrics_path, overwrite=True)
     fsutil.write_json_atomic(metrics_path, r)
     from terascale.jobs.report import build_report
 

@@ -27,6 +27,7 @@ from terascale.pipeline.dataset import plan_shards
 from terascale.pipeline.manifest import MANIFEST, DatasetError, read_manifest
 from terascale.pipeline.pointer import resolve_model, served_by
 from terascale.pipeline.sampling import dataset_negative_rate
+from terascale.pipeline.spark_errors import spark_error_summary
 from terascale.pipeline.spec import check_bits
 from terascale.solvers.catalogue import solver_spec
 from terascale.solvers.params import SolverParams
@@ -171,7 +172,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
         with run_ckpt, ProgressMonitor(run_ckpt.dir, params.passes, train_rows, tty=_progress_tty(cfg)) as monitor:
             res = run_barrier(spark, t.workers, t.spares, lambda ctx: run_train_task(ctx, task),
                               net=NetConf.from_conf(cfg.allreduce), max_attempts=t.max_attempts,
-                              server_host=cfg.allreduce.host, job_name="terascale train",
+                              server_host=cfg.allreduce.host, job_name="terascale train", summarize_error=spark_error_summary,
                               no_retry=DETERMINISTIC_ERRORS, on_attempt=_fenced(run_ckpt.dir, monitor.attach))
     except BarrierError as e:
         fsutil.delete(staging)

@@ -21,13 +21,13 @@ import uuid
 from dataclasses import asdict, replace
 
 import numpy as np
-from terascale.allreduce.spark import spark_error_summary as task_error_summary
 from terascale.pipeline import artifacts, fsutil, groups, tokendict
 from terascale.pipeline.blocks import Piece, align_range
 from terascale.pipeline.featurize_task import MalformedInput, TaskOptions, run_task
 from terascale.pipeline.manifest import MANIFEST, QUARANTINE_DIR, build_manifest, merge_inputs
 from terascale.pipeline.plan import assign, output_files, plan_ranges
 from terascale.pipeline.redact import redact_text
+from terascale.pipeline.spark_errors import spark_error_summary as task_error_summary
 from terascale.pipeline.spec import FeatureSpec
 
 log = logging.getLogger("terascale.featurize")

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 from terascale.allreduce.spark import NetConf, run_barrier
+from terascale.pipeline.spark_errors import spark_error_summary
 
 STEPS = 20  # a fake first pass: STEPS steps with a heartbeat after each
 
@@ -84,7 +85,7 @@ def main(argv):
     try:
         t0 = time.perf_counter()
         res = run_barrier(spark, k, s, fn, net=NetConf(startup_timeout_s=60, io_timeout_s=30), max_attempts=2,
-                          job_name=f"test {scenario}")
+                          job_name=f"test {scenario}", summarize_error=spark_error_summary)
         out = {"results": res.results, "tasks": res.tasks, "attempts": res.attempts,
                "seconds": time.perf_counter() - t0}
     finally:

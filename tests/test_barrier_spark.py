@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from terascale.allreduce.spark import BarrierError, NetConf, preflight, run_barrier
+from terascale.pipeline.spark_errors import spark_error_summary
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +83,7 @@ def test_slow_rank_under_a_connection_flood_in_a_real_barrier_job(spark):
     net = NetConf(io_timeout_s=0.5, heartbeat_timeout_s=5.0, connect_timeout_s=20, startup_timeout_s=60)
     try:
         res = run_barrier(spark, 2, 0, slow_fn, net=net, max_attempts=1, on_attempt=on_attempt,
-                          job_name="test slow rank")
+                          job_name="test slow rank", summarize_error=spark_error_summary)
     finally:
         stop.set()
         flood = out.get(timeout=30) if flooders else None
@@ -99,13 +100,11 @@ def test_slow_rank_under_a_connection_flood_in_a_real_barrier_job(spark):
 
 def test_preflight_refuses_too_few_slots(spark):
     with pytest.raises(BarrierError, match=r"needs 3 concurrent task slots \(2 workers \+ 1 spares\), but the cluster offers 2"):
-        run_barrier(spark, 2, 1, lambda ctx: {}, net=NetConf())
+        run_barrier(spark, 2, 1, lambda ctx: {}, net=NetConf(), summarize_error=spark_error_summary)
     preflight(spark, 2, "ok")
 
 
 def test_spark_error_summary_names_task_and_cause():
-    from terascale.allreduce.spark import spark_error_summary
-
     crash = ("An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"
              ": org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover from a failed "
              "barrier ResultStage. Most recent failure reason: Stage failed because barrier task ResultTask(0, 1) "

@@ -14,8 +14,9 @@ subproblem), ``line_search`` (gamma: avg / add / adaptive), ``partition`` (colum
 for the primal), ``dual_problem`` / ``primal_problem`` (one rank's side of a round),
 ``rounds`` (the loop: one allreduce per round, history, checkpoints), ``api``
 (:func:`train_cocoa`). On a GPU (optional): ``gpu_kernels`` / ``gpu_reduce_kernels`` /
-``gpu_shuffle`` (numba.cuda), ``gpu_device`` (detection, counted transfers), ``gpu`` (TPA-SCD
-local solvers, ``train_cocoa_gpu``), ``gpu_problem`` (device-resident local variables).
+``gpu_shuffle`` (numba.cuda), ``gpu_device`` (detection, counted transfers), ``gpu_local_solver``
+(TPA-SCD local solvers), ``gpu_problem`` (device-resident local variables), ``gpu``
+(``train_cocoa_gpu``).
 """
 
 from terascale.solvers.scd.api import train_cocoa

@@ -4,7 +4,8 @@
 ``GpuDualProblem`` / ``GpuPrimalProblem`` share the host half of ``DualProblem`` /
 ``PrimalProblem`` (the replicated shared vector, objectives, gamma, model: same code, same bytes
 on every rank) and keep the local variables -- alpha of the shard, or beta of the column block --
-in a ``gpu.GpuDualLocalSolver`` / ``GpuPrimalLocalSolver``. What crosses PCIe in a round:
+in a ``gpu_local_solver.GpuDualLocalSolver`` / ``GpuPrimalLocalSolver``. What crosses PCIe in a
+round:
 
 =================  ===========================================================  ===============
 step               device work                                                  bytes
@@ -31,7 +32,7 @@ from terascale.allreduce.communicator import Communicator
 from terascale.solvers.data import CSRData
 from terascale.solvers.scd.dual_kernels import axpy, scaled_difference
 from terascale.solvers.scd.dual_problem import DualProblemBase
-from terascale.solvers.scd.gpu import GpuDualLocalSolver, GpuPrimalLocalSolver
+from terascale.solvers.scd.gpu_local_solver import GpuDualLocalSolver, GpuPrimalLocalSolver
 from terascale.solvers.scd.params import CocoaParams
 from terascale.solvers.scd.primal_problem import PrimalProblemBase
 

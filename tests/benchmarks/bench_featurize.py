@@ -39,8 +39,7 @@ def _mllib(spark, inputs: str, out: str, bits: int) -> None:
 
 def main() -> dict:
     from pyspark.sql import SparkSession
-    from terascale.jobs.cli import _spec
-    from terascale.jobs.config import load_config
+    from terascale.jobs.config import feature_spec, load_config
     from terascale.jobs.session import EXECUTOR_ENV
     from terascale.pipeline.spark_featurize import run_featurize
 
@@ -54,7 +53,7 @@ def main() -> dict:
              .config(map=EXECUTOR_ENV).getOrCreate())  # the executor environment of terascale's jobs
     spark.sparkContext.setLogLevel("ERROR")
     cfg = load_config([], [f"featurize.bits={BITS}"])
-    spec = _spec(cfg)
+    spec = feature_spec(cfg)
     figures: dict = {"rows": ROWS, "bits": BITS, "master": "local[2]"}
     try:
         run_featurize(spark, [str(warm / "*.tsv")], str(work / "warm-ts"), spec, cfg.featurize)

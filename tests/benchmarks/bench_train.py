@@ -89,8 +89,7 @@ def data_passes(history, upto: dict | None) -> dict | None:
 
 
 def _featurized(spark, raw, name):
-    from terascale.jobs.cli import _spec
-    from terascale.jobs.config import load_config
+    from terascale.jobs.config import feature_spec, load_config
     from terascale.pipeline.spark_featurize import run_featurize
 
     out = RESULTS / "data" / f"{name}-bits{BITS}"
@@ -98,7 +97,7 @@ def _featurized(spark, raw, name):
     # a dataset featurized before group maps existed is featurized again (the coarse correction needs one)
     if not manifest.exists() or not json.loads(manifest.read_text()).get("groups"):
         cfg = load_config([], [f"featurize.bits={BITS}", "featurize.overwrite=true"])  # replaces an older dataset
-        run_featurize(spark, [str(raw / "*.tsv")], str(out), _spec(cfg), cfg.featurize)
+        run_featurize(spark, [str(raw / "*.tsv")], str(out), feature_spec(cfg), cfg.featurize)
     return out
 
 

@@ -1,0 +1,103 @@
+"""The pipeline's steps as functions of a resolved configuration (featurize, train, evaluate)
+and the summaries printed after them: what the ``terascale`` command line (``jobs.cli``) and the
+demo (``jobs.demo``) both run, so the demo does not import the command line. ``featurize`` and
+``train`` check their output paths before their Spark session starts.
+"""
+
+from __future__ import annotations
+
+from terascale.jobs.config import feature_spec
+
+
+def featurize(cfg, inputs: list[str], output: str) -> dict:
+    """Run the featurize job with a resolved configuration; returns the manifest."""
+    from terascale.jobs.session import get_spark
+    from terascale.pipeline.spark_featurize import check_output, run_featurize
+
+    spec = feature_spec(cfg)
+    check_output(inputs, output, cfg.featurize.overwrite)  # before the session starts
+    spark = get_spark(cfg.spark)
+    return run_featurize(spark, inputs, output, spec, cfg.featurize)
+
+
+def featurize_summary(m: dict) -> str:
+    q = m["quarantine"]
+    reasons = ", ".join(f"{k}={v}" for k, v in q["by_reason"].items()) or "none"
+    distinct = "not counted (bits > 26)" if m["distinct_features"] is None else f"{m['distinct_features']:,}"
+    rate = m["lines"] / m["seconds"] if m["seconds"] else float("nan")
+    return "\n".join([
+        f"  rows in            {m['lines']:,}",
+        f"  rows written       {m['rows']:,} in {len(m['files'])} Parquet files",
+        f"  rows quarantined   {q['rows']:,} ({reasons})",
+        *_sampling_lines(m),
+        f"  positive rate      {m['label_mean']:.4f}" if m["label_mean"] is not None else "  positive rate      n/a",
+        f"  distinct features  {distinct} of 2^{m['spec']['bits']}",
+        f"  non-zeros          {m['nnz']:,} ({m['nnz'] / max(m['rows'], 1):.1f} per row)",
+        f"  bytes written      {m['bytes']:,}",
+        f"  time               {m['seconds']:.2f} s, {rate:,.0f} rows/s",
+    ])
+
+
+def _sampling_lines(m: dict) -> list[str]:
+    s = m.get("sampling") or {}
+    if s.get("negative_rate", 1.0) >= 1.0:
+        return []
+    return [f"  rows dropped       {s['negatives_dropped']:,} negatives (negative_rate {s['negative_rate']:g}; "
+            f"kept {s['after']['negatives']:,} of {s['before']['negatives']:,} at weight {s['negative_weight']:g})"]
+
+
+def train(cfg, data_dir: str, model_dir: str) -> dict:
+    from terascale.jobs.session import get_spark
+    from terascale.jobs.train_job import check_outputs, run_train
+
+    check_outputs(cfg, data_dir, model_dir)  # before the session starts
+    return run_train(get_spark(cfg.spark), cfg, data_dir, model_dir)
+
+
+def train_summary(meta: dict) -> str:
+    h = meta["history"]
+    ranks = meta["per_rank"]
+    held = [x for x in h if x.get("holdout_loss") is not None]
+    best = min(held, key=lambda x: x["holdout_loss"]) if held else None
+    return "\n".join([
+        f"  solver             {meta['config']['train']['solver']} ({len(ranks)} workers), loss {meta['config']['train']['loss']}, l2 {meta['config']['train']['l2']:g}",
+        f"  rows               {meta['data']['train_rows']:,} train + {meta['data']['holdout_rows']:,} held out"
+        + (f" (negatives kept at rate {r:g}, weighted 1/{r:g})" if (r := meta["data"].get("negative_rate", 1.0)) < 1 else ""),
+        f"  passes             {len(h)} (stopped: {meta.get('stop_reason') or 'n/a'}); objective {meta['objective']:.6f} at the returned weights"
+        + (f"; best held-out loss {best['holdout_loss']:.6f} (pass {best['pass']})" if best else ""),
+        f"  time in job        {meta['train_seconds']:.2f} s (attempts: {len(meta['attempts'])})",
+    ])
+
+
+def metrics_summary(r: dict) -> str:
+    return "\n".join([
+        f"  rows                {r['rows']:,}",
+        f"  logloss             {r['logloss']:.6f}",
+        f"  normalized entropy  {r['normalized_entropy']:.6f}",
+        f"  auROC               {r['auroc']:.6f}",
+        f"  auPRC               {r['auprc']:.6f}",
+        f"  calibration         {r['calibration']:.4f} (mean prediction {r['mean_prediction']:.4f} / positive rate {r['positive_rate']:.4f})",
+    ] + ([f"  weighting           {w['note']}"] if (w := r.get("weighting"))
+         and min(w["model_negative_rate"], w["dataset_negative_rate"]) < 1 else []))
+
+
+def evaluate(cfg, data_dir: str, model_dir: str) -> dict:
+    from terascale.jobs.scoring import evaluate as run
+    from terascale.jobs.session import get_spark
+
+    return run(get_spark(cfg.spark), data_dir, model_dir)
+
+
+def check_metrics_out(path: str, overwrite: bool) -> None:
+    """evaluate --out: a new file, or (with --overwrite) a metrics file evaluate wrote before."""
+    from terascale.pipeline import artifacts
+
+    found = artifacts.inspect(path)
+    if found.kind == "missing":
+        return
+    if found.kind != "metrics":
+        what = {"file": "a file that evaluate did not write", "empty": "an empty directory",
+                "foreign": "a directory"}.get(found.kind, found.detail)
+        raise artifacts.OutputError(f"--out {path}: exists and is {what}, not a metrics file; refusing to replace it")
+    if not overwrite:
+        raise artifacts.OutputError(f"--out {path}: exists and is {found.detail}; pass --overwrite to replace it")
