@@ -138,7 +138,7 @@ def test_corrupt_page_fails_the_train_job_once_naming_file_and_row_group(spark, 
     assert not (tmp_path / "m").exists()
     assert main(["train", "--input", str(ds), "--model", str(tmp_path / "m"), *[x for q in QUICK for x in ("--set", q)]]) == 1
     err = capsys.readouterr().err
-    assert "terascale train: failed: terascale train: task " in err and ": pipeline.verify.DataFileError: " in err
+    assert "terascale train: failed: terascale train: task " in err and ": terascale.pipeline.verify.DataFileError: " in err
     assert f"{part}: row group 0: cannot be read or decoded" in err and "(attempt 1, not retried" in err
     # scoring tasks report the file instead of failing (Spark would retry a failed task)
     with pytest.raises(DataFileError, match=f"{part}: row group 0: cannot be read or decoded"):
