@@ -86,11 +86,3 @@ class CSRData:
         if held.shape != (self.n_rows,):
             raise ValueError(f"held-out mask of shape {held.shape} for {self.n_rows} rows")
         return self.take_rows(~held), self.take_rows(held)
-
-    def split_holdout(self, period: int) -> tuple[CSRData, CSRData | None]:
-        """(train, holdout): every ``period``-th row (the last of each period) is held out, as
-        Vowpal Wabbit's --holdout_period does; period 0 keeps every row for training."""
-        if period <= 0 or self.n_rows == 0:
-            return self, None
-        held = (np.arange(self.n_rows) % period) == period - 1
-        return self.take_rows(~held), self.take_rows(held)
