@@ -146,7 +146,7 @@ class _TrainJobHead:
 class _TrainJobTail:
     """train.* keys of the job that come after the solver's."""
 
-    holdout_period: int = param(10, "every Nth row of each shard is held out for early stopping (VW's --holdout_period); 0 = none", Interval(0, 1000000, integer=True))
+    holdout_period: int = param(10, "1 row in N is held out for early stopping (as VW's --holdout_period), chosen by a hash of the row's file (relative to the dataset) and index in it, seeded by train.seed: the same rows for any train.workers (solvers.holdout); 0 = none, 1 = all (nothing left to train on)", Interval(0, 1000000, integer=True))
     init_model: str = param("", "warm-start from this model directory (its feature spec must equal the data's)", Pattern(nonempty=False))
     overwrite: bool = param(False, "replace an existing model at --model (atomically); without it train refuses "
                             "one (anything that is not a terascale model is always refused)")

@@ -165,9 +165,10 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     )
     log.info("train: %s solver, %d workers + %d spares, %d rows in %d files, 2^%d features",
              params.solver, t.workers, t.spares, manifest["rows"], len(manifest["files"]), spec["bits"])
-    # rows per pass: each shard holds out every holdout_period-th of its rows (CSRData.split_holdout)
+    # rows per pass, for the progress display: the expected count, as each row is held out with
+    # probability 1/holdout_period (by its identity, solvers.holdout); the tasks report the exact one
     period = task.holdout_period
-    train_rows = sum(n - (n // period if period else 0) for n in (sum(p.rows for p in s) for s in shards))
+    train_rows = manifest["rows"] - (round(manifest["rows"] / period) if period else 0)
     try:
         with run_ckpt, ProgressMonitor(run_ckpt.dir, params.passes, train_rows, tty=_progress_tty(cfg)) as monitor:
             res = run_barrier(spark, t.workers, t.spares, lambda ctx: run_train_task(ctx, task),

@@ -3,6 +3,11 @@
 A shard is a list of (file, row groups). ``read_csr`` reads a shard with pyarrow (any pyarrow
 filesystem) and turns each Arrow ``list<int32>`` chunk's offsets and values into the CSR
 ``indptr`` and ``indices`` directly; a null ``values`` row means all ones.
+
+Each part also carries its rows' identity: the file's name relative to the dataset root and
+the index in that file of the part's first row. ``holdout_mask`` decides from it alone which
+rows of a shard are held out (``solvers.holdout``), so the held-out rows are the same however
+the row groups are dealt out to shards.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from terascale.pipeline import fsutil
 from terascale.pipeline.manifest import MANIFEST, dataset_files, read_manifest
 from terascale.pipeline.verify import Footer, check_footers, read_row_groups
 from terascale.solvers.data import CSRData
+from terascale.solvers.holdout import held_out
 
 COLUMNS = ["label", "weight", "indices", "values"]
 
@@ -23,21 +29,25 @@ COLUMNS = ["label", "weight", "indices", "values"]
 @dataclass(frozen=True)
 class ShardPart:
     path: str
-    row_groups: tuple[int, ...]
+    row_groups: tuple[int, ...]  # consecutive, ascending
     rows: int
     nnz_estimate: int
+    name: str = ""  # the file's name relative to the dataset root (the manifest's "path")
+    first_row: int = 0  # the index within the file of the first row of row_groups[0]
 
     def to_json(self) -> list:
-        return [self.path, list(self.row_groups), self.rows, self.nnz_estimate]
+        return [self.path, list(self.row_groups), self.rows, self.nnz_estimate, self.name, self.first_row]
 
     @classmethod
     def from_json(cls, v: list) -> ShardPart:
-        return cls(v[0], tuple(v[1]), int(v[2]), int(v[3]))
+        name, first_row = (str(v[4]), int(v[5])) if len(v) > 4 else ("", 0)
+        return cls(v[0], tuple(v[1]), int(v[2]), int(v[3]), name, first_row)
 
 
-def _row_groups(footer: Footer, file_rows: int, file_nnz: int) -> list[ShardPart]:
+def _row_groups(footer: Footer, name: str, file_rows: int, file_nnz: int) -> list[ShardPart]:
     per_row = file_nnz / file_rows if file_rows else 0.0
-    return [ShardPart(footer.path, (g,), n, round(n * per_row)) for g, n in enumerate(footer.rows)]
+    starts = np.concatenate([[0], np.cumsum(footer.rows, dtype=np.int64)])
+    return [ShardPart(footer.path, (g,), n, round(n * per_row), name, int(starts[g])) for g, n in enumerate(footer.rows)]
 
 
 def plan_shards(dataset_dir: str, k: int, manifest: dict | None = None) -> list[list[ShardPart]]:
@@ -51,7 +61,7 @@ def plan_shards(dataset_dir: str, k: int, manifest: dict | None = None) -> list[
     footers = check_footers(dataset_files(dataset_dir, m), m, fsutil.join(fsutil.normalize(dataset_dir), MANIFEST))
     parts: list[ShardPart] = []
     for f, footer in zip(m["files"], footers, strict=True):
-        parts.extend(_row_groups(footer, f["rows"], f["nnz"]))
+        parts.extend(_row_groups(footer, f["path"], f["rows"], f["nnz"]))
     shards: list[list[ShardPart]] = [[] for _ in range(k)]
     heap = [(0, i) for i in range(k)]
     for p in sorted(parts, key=lambda p: (-p.nnz_estimate, p.path, p.row_groups)):
@@ -61,6 +71,23 @@ def plan_shards(dataset_dir: str, k: int, manifest: dict | None = None) -> list[
     for s in shards:
         s.sort(key=lambda p: (p.path, p.row_groups))
     return shards
+
+
+def holdout_mask(parts: list[ShardPart], period: int, seed: int) -> np.ndarray | None:
+    """Which rows of the shard ``parts`` (in :func:`read_csr`'s order) are held out, from each
+    row's (file name, index in the file) and ``seed`` (``solvers.holdout``); None for period 0.
+    Needs no data: a part's rows are ``first_row .. first_row + rows - 1`` of its file."""
+    if period <= 0:
+        return None
+    masks = []
+    for p in parts:
+        if not p.name:
+            raise ValueError(f"{p.path}: a shard part without its file's dataset-relative name")
+        g = p.row_groups
+        if g and g != tuple(range(g[0], g[0] + len(g))):
+            raise ValueError(f"{p.path}: row groups {g} are not consecutive")
+        masks.append(held_out(p.name, p.first_row, p.rows, period, seed))
+    return np.concatenate(masks) if masks else np.zeros(0, dtype=bool)
 
 
 def _table(part: ShardPart) -> pa.Table:

@@ -78,10 +78,11 @@ class CSRData:
         np.cumsum(lens[mask], out=indptr[1:])
         return CSRData(indptr, self.indices[keep], self.values[keep], self.labels[mask], self.weights[mask], self.n_features)
 
-    def split_holdout(self, period: int) -> tuple[CSRData, CSRData | None]:
-        """(train, holdout): every ``period``-th row (the last of each period) is held out, as
-        Vowpal Wabbit's --holdout_period does; period 0 keeps every row for training."""
-        if period <= 0 or self.n_rows == 0:
-            return self, None
-        held = (np.arange(self.n_rows) % period) == period - 1
+    def split_held_out(self, held: np.ndarray) -> tuple[CSRData, CSRData]:
+        """(train, holdout): the rows where ``held`` is false, and those where it is true (both
+        copies, order kept). Which rows are held out is decided by each row's identity, not its
+        position here (``solvers.holdout``; ``pipeline.dataset.holdout_mask`` for a shard)."""
+        held = np.asarray(held, dtype=bool)
+        if held.shape != (self.n_rows,):
+            raise ValueError(f"held-out mask of shape {held.shape} for {self.n_rows} rows")
         return self.take_rows(~held), self.take_rows(held)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,9 @@ import pytest
 from terascale.jobs.config import CRITEO_FIELDS, load_config
 from terascale.jobs.scoring import evaluate, predict
 from terascale.jobs.train_job import TrainError, run_train
+from terascale.pipeline.dataset import plan_shards
 from terascale.pipeline.generate import generate_clicklogs
+from terascale.pipeline.manifest import read_manifest
 from terascale.pipeline.modeldir import ModelError, load_model
 from terascale.pipeline.spark_featurize import run_featurize
 from terascale.pipeline.spec import FeatureSpec
@@ -95,6 +98,58 @@ def test_cocoa_reports_the_one_objective_and_its_intercept_penalty_vanishes_as_t
         assert -1e-7 < gap <= 0.5e-3 * (b / scale) ** 2 + 1e-6
         gaps.append(gap)
     assert gaps[1] < gaps[0] / 4
+
+
+HOLDOUT_APP = """
+import json, sys
+from terascale.jobs.config import load_config
+from terascale.jobs.session import get_spark
+from terascale.jobs.train_job import run_train
+
+data, out = sys.argv[1], sys.argv[2]
+base = ["train.solver=lbfgs", "train.holdout_period=10", "train.passes=200", "train.tol=1e-10", "train.l2=1e-3",
+        "spark.master=local[3]"]
+spark = get_spark(load_config([], base).spark)
+res = {}
+for stop in (0, 3):
+    for k in (1, 3):
+        cfg = load_config([], [*base, f"train.early_stop_passes={stop}", f"train.workers={k}"])
+        m = run_train(spark, cfg, data, f"{out}/m{stop}-{k}")
+        res[f"{stop}/{k}"] = {key: m[key] for key in ("objective", "stop_reason", "history", "data", "per_rank")}
+print(json.dumps(res))
+"""
+
+
+def test_k1_and_k3_hold_out_the_same_rows_and_reach_the_same_optimum(data, tmp_path):
+    """Held-out rows by row identity (solvers.holdout): 1 and 3 workers train on the same rows.
+    The files are rewritten in row groups of 333 rows, so 3 shards split files at row-group
+    boundaries that are no multiple of the period (a split by position in the shard would differ).
+    In a subprocess: 3 barrier tasks need local[3]."""
+    ds = tmp_path / "tr333"
+    shutil.copytree(data / "tr", ds)
+    manifest = read_manifest(str(ds))
+    for f in manifest["files"]:
+        pq.write_table(pq.read_table(ds / f["path"]), ds / f["path"], row_group_size=333, write_page_checksum=True)
+    shards = plan_shards(str(ds), 3, manifest)
+    assert max(len({i for i, s in enumerate(shards) for p in s if p.name == f["path"]}) for f in manifest["files"]) > 1
+    r = subprocess.run([sys.executable, "-c", HOLDOUT_APP, str(ds), str(tmp_path)], capture_output=True, text=True,
+                       timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-4000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    for stop in (0, 3):
+        one, three = res[f"{stop}/1"], res[f"{stop}/3"]
+        assert one["data"]["holdout_rows"] == three["data"]["holdout_rows"]
+        assert one["data"]["train_rows"] == three["data"]["train_rows"] == 8000 - one["data"]["holdout_rows"]
+        assert abs(one["data"]["holdout_rows"] - 800) < 5 * 27  # binomial(8000, 1/10): sd 27
+        assert sum(x["rows"] for x in three["per_rank"]) == three["data"]["train_rows"]
+        assert three["objective"] == pytest.approx(one["objective"], rel=1e-7)
+        assert three["stop_reason"] == one["stop_reason"]
+        # the same held-out rows: the same held-out loss at every pass both made
+        n = min(len(one["history"]), len(three["history"]))
+        np.testing.assert_allclose([h["holdout_loss"] for h in three["history"][:n]],
+                                   [h["holdout_loss"] for h in one["history"][:n]], rtol=1e-7)
+    assert res["0/1"]["stop_reason"] != "early_stop" and res["3/1"]["stop_reason"] == "early_stop"
+    assert len(res["3/1"]["history"]) == len(res["3/3"]["history"])  # early stopping stops at the same pass
 
 
 def test_a_rank_far_behind_in_a_late_pass_is_waited_for_with_the_same_model(spark, data, tmp_path):

@@ -21,6 +21,7 @@ SCRIPT = textwrap.dedent(
     from terascale.allreduce.communicator import LocalCommunicator
     from terascale.pipeline.dataset import tables_to_csr
     from terascale.solvers.api import train
+    from terascale.solvers.holdout import held_out
     from terascale.solvers.params import SolverParams
     from terascale.solvers.warmup import warm_up
 
@@ -45,7 +46,9 @@ SCRIPT = textwrap.dedent(
         "weight": pa.array(np.ones(n, np.float32)),
         "indices": pa.array(rows, type=pa.list_(pa.int32())),
     })
-    data, holdout = tables_to_csr([table], d).split_holdout(period)
+    data, holdout = tables_to_csr([table], d), None
+    if period:  # as the train task splits a shard read from one file (pipeline.dataset.holdout_mask)
+        data, holdout = data.split_held_out(held_out("part-00000.parquet", 0, n, period, 0))
     gmap = (np.arange(d) % 5).astype(np.uint8) if groups else None
     train(data, LocalCommunicator(), params, holdout=holdout, groups=gmap)
     after = overloads()
