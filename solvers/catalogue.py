@@ -149,7 +149,8 @@ class _Declarations:
                                    "coefficient is penalized, so cocoa minimises the objective + lambda/2 (b/s)^2, "
                                    "which tends to the other solvers' objective as s grows (liblinear's bias)",
                                    Interval(0, 1e6, lo_open=True))
-    seed: int = param(0, "seed of any shuffling", Interval(0, 2**32 - 1, integer=True))
+    seed: int = param(0, "seed of any shuffling (online passes, CoCoA epochs) and of the held-out split (train.holdout_period)",
+                      Interval(0, 2**32 - 1, integer=True))
     shuffle: bool = param(False, "shuffle the rows of each online pass (off: stored order, like VW)")
     invariant: bool = param(True, "importance-invariant online updates")
 
