@@ -76,7 +76,7 @@ LOSSES: dict[str, LossSpec] = {s.name: s for s in (
     LossSpec("logistic", LOGISTIC, "binary", "sigmoid", True, True, "log(1 + exp(−s·m))"),
     LossSpec("squared", SQUARED, "real", "identity", True, True, "(m − y)² / 2"),
     LossSpec("hinge", HINGE, "binary", "identity", False, True, "max(0, 1 − s·m)"),
-    LossSpec("squared_hinge", SQUARED_HINGE, "binary", "identity", True, False, "max(0, 1 − s·m)²"),
+    LossSpec("squared_hinge", SQUARED_HINGE, "binary", "identity", True, True, "max(0, 1 − s·m)²"),
 )}
 LOSS_BY_ID: dict[int, LossSpec] = {s.id: s for s in LOSSES.values()}
 LOSS_IDS: dict[str, int] = {s.name: s.id for s in LOSSES.values()}

@@ -5,8 +5,8 @@ Problems (mean form, lambda = ``l2`` > 0, c_i importance weights, N = sum_i c_i)
     P(beta) = (1/N) sum_i c_i phi(y_i, x_i . beta) + (lambda/2) ||beta||^2
 
 * ridge regression (``loss="squared"``): dual SCD by example, or primal SCD by feature;
-* logistic regression and hinge-loss SVM: dual SCD (SDCA), closed-form steps for squared and
-  hinge, bracketed Newton for logistic.
+* logistic regression and the hinge- and squared-hinge-loss SVMs: dual SCD (SDCA), closed-form
+  steps for squared, hinge and squared hinge, bracketed Newton for logistic.
 
 Pieces, bottom up: ``losses`` (scalar formulas), ``dual_kernels`` / ``primal_kernels`` (numba
 epochs, sequential and Snap-ML-style threaded), ``local_solver`` (H epochs on a CoCoA

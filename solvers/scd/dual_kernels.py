@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 from terascale.solvers.kernels.prefetch import prefetch_row
-from terascale.solvers.scd.losses import SQUARED, dual_step, dual_value, primal_loss, sign_label
+from terascale.solvers.scd.losses import clamp_dual, dual_step, dual_value, primal_loss
 
 ROW_AHEAD = 8  # rows between prefetching a row's data and its step (about one bucket)
 
@@ -281,17 +281,14 @@ def scaled_difference(out, u, w, inv_sigma):
 
 @njit(cache=True, nogil=True)
 def apply_dual_step(loss, labels, alpha, dalpha, gamma):
-    """alpha += gamma dalpha, clamping b = s alpha into [0, 1] for hinge/logistic (round-off only:
-    gamma never exceeds the feasible step)."""
+    """alpha += gamma dalpha, b = s alpha put back into its domain by ``losses.clamp_dual``
+    ([0, 1] for hinge/logistic, b >= 0 for squared hinge; round-off only: gamma never exceeds the
+    feasible step)."""
     for i in range(alpha.shape[0]):
         d = dalpha[i]
         if d == 0.0:
             continue
-        a = alpha[i] + gamma * d
-        if loss != SQUARED:
-            s = sign_label(np.float64(labels[i]))
-            a = s * min(max(s * a, 0.0), 1.0)
-        alpha[i] = a
+        alpha[i] = clamp_dual(loss, np.float64(labels[i]), alpha[i] + gamma * d)
 
 
 @njit(cache=True, nogil=True)

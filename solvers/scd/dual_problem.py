@@ -38,9 +38,10 @@ from terascale.solvers.scd.line_search import (
     logistic_line_derivs,
     ridge_dual_gamma,
     seq_dot,
+    squared_hinge_gamma,
 )
 from terascale.solvers.scd.local_solver import DualLocalSolver, numba_threads
-from terascale.solvers.scd.losses import HINGE, LOGISTIC, SQUARED, loss_code
+from terascale.solvers.scd.losses import HINGE, LOGISTIC, SQUARED, SQUARED_HINGE, loss_code
 from terascale.solvers.scd.params import CocoaParams
 from terascale.solvers.scd.rounds import GapThenProposal
 
@@ -97,8 +98,13 @@ class DualProblemBase(GapThenProposal, abc.ABC):
         gmax = float(np.min(sums[2:2 + k]))
         if self.loss == HINGE:
             return hinge_gamma(sums[0], wd, dd, lam, n_w, gmax)
-        assert self.loss == LOGISTIC
+        if self.loss == SQUARED_HINGE:
+            return squared_hinge_gamma(sums[0], sums[1], wd, dd, lam, n_w, gmax)
+        if self.loss == LOGISTIC:
+            return self._logistic_gamma(wd, dd, gmax)
+        raise ValueError(f"no adaptive aggregation for loss id {self.loss!r}")
 
+    def _logistic_gamma(self, wd: float, dd: float, gmax: float) -> float:
         def derivs(g: float) -> tuple[float, float]:
             s1, s2 = self._logistic_derivs(g)
             r = self.comm.allreduce_scalars([s1, s2])
@@ -107,8 +113,8 @@ class DualProblemBase(GapThenProposal, abc.ABC):
         # Newton from the last round's gamma (it changes little from round to round): about
         # 3 evaluations instead of 5 from 1/K
         prev = self.previous_gamma
-        start = prev if prev is not None and math.isfinite(prev) and prev > 0.0 else 1.0 / k
-        return logistic_gamma(derivs, wd, dd, lam, n_w, gmax, start=start)
+        start = prev if prev is not None and math.isfinite(prev) and prev > 0.0 else 1.0 / self.comm.size
+        return logistic_gamma(derivs, wd, dd, self.p.l2, self.n_weight, gmax, start=start)
 
     def model(self) -> np.ndarray:
         """beta (n_features + 1,), float64, identical on every rank."""

@@ -32,7 +32,7 @@ import math
 from numba import cuda, float64
 
 # the catalogue's loss ids (the same the CPU kernels use; the catalogue imports no numba)
-from terascale.solvers.catalogue import LOGISTIC, SQUARED
+from terascale.solvers.catalogue import HINGE, LOGISTIC, SQUARED, SQUARED_HINGE
 
 MAX_THREADS = 256  # blockDim.x must be a power of two <= this
 B_EPS = 1e-15
@@ -117,7 +117,15 @@ def _hinge_b(b, m, q):
 
 
 @cuda.jit(device=True)
+def _squared_hinge_b(b, m, q):
+    """argmax_{b' >= 0} b' - b'^2/4 - (b' - b) m - q (b' - b)^2 / 2 (closed form)."""
+    return max((1.0 - m + q * b) / (q + 0.5), 0.0)
+
+
+@cuda.jit(device=True)
 def _dual_step(loss, y, a, dot, q):
+    """Device twin of ``losses.dual_step``; NaN for a loss id it does not know (a kernel cannot
+    raise; the host checks the id before any launch, ``gpu.GpuDualLocalSolver``)."""
     if loss == SQUARED:
         return a + (y - a - dot) / (1.0 + q)
     s = 1.0 if y > 0.5 else -1.0
@@ -125,7 +133,11 @@ def _dual_step(loss, y, a, dot, q):
     m = s * dot
     if loss == LOGISTIC:
         return s * _logistic_b(b, m, q)
-    return s * _hinge_b(b, m, q)
+    if loss == HINGE:
+        return s * _hinge_b(b, m, q)
+    if loss == SQUARED_HINGE:
+        return s * _squared_hinge_b(b, m, q)
+    return math.nan
 
 
 @cuda.jit(device=True)

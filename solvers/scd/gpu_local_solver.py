@@ -25,6 +25,7 @@ from __future__ import annotations
 import abc
 
 import numpy as np
+from terascale.solvers.catalogue import loss_by_id
 from terascale.solvers.data import CSRData
 from terascale.solvers.scd.gpu_device import (
     MAX_REDUCE_BLOCKS,
@@ -152,6 +153,8 @@ class GpuDualLocalSolver(_GpuLocalSolver):
 
     def __init__(self, data: CSRData, loss: int, lam: float, n_weight: float, bias_scale: float,
                  threads_per_block: int | None = None, blocks: int | None = None) -> None:
+        if not loss_by_id(loss).dual:  # ValueError for an unknown id: the kernels cannot raise
+            raise ValueError(f"loss {loss_by_id(loss).name!r} has no dual (SDCA) step")
         super().__init__(data.n_rows, data.n_features + 1, data.nnz, threads_per_block, blocks)
         self.loss = int(loss)
         self.lam_n = float(lam) * float(n_weight)

@@ -30,13 +30,15 @@ from __future__ import annotations
 import math
 
 from numba import cuda, float64
-from terascale.solvers.catalogue import HINGE, LOGISTIC, SQUARED
+from terascale.solvers.catalogue import HINGE, LOGISTIC, SQUARED, SQUARED_HINGE
 from terascale.solvers.scd.gpu_kernels import B_EPS
 
 INF = math.inf
 
 
 # -- device functions: the losses (same formulas as solvers.scd.losses) -------------------------
+# A kernel cannot raise: a loss id these do not know gives NaN (the host checks the id before
+# any launch, ``gpu.GpuDualLocalSolver``).
 
 
 @cuda.jit(device=True)
@@ -59,7 +61,11 @@ def _primal_loss(loss, y, z):
     m = _sign(y) * z
     if loss == LOGISTIC:
         return _log1pexp(-m)
-    return 1.0 - m if m < 1.0 else 0.0
+    if loss == HINGE:
+        return 1.0 - m if m < 1.0 else 0.0
+    if loss == SQUARED_HINGE:
+        return (1.0 - m) * (1.0 - m) if m < 1.0 else 0.0
+    return math.nan
 
 
 @cuda.jit(device=True)
@@ -74,7 +80,42 @@ def _dual_value(loss, y, a):
         if b < 1.0:
             v -= (1.0 - b) * math.log1p(-b)
         return v
-    return b
+    if loss == HINGE:
+        return b
+    if loss == SQUARED_HINGE:
+        return b - 0.25 * b * b
+    return math.nan
+
+
+@cuda.jit(device=True)
+def _line_terms(loss, y, c, a, d):
+    """Device twin of ``losses.dual_line_terms``: (p0, p1, bound) of one moved coordinate."""
+    if loss == SQUARED:
+        return c * d * (y - a), c * d * d, INF
+    s = _sign(y)
+    b = s * a
+    db = s * d
+    if loss == SQUARED_HINGE:
+        return c * db * (1.0 - 0.5 * b), 0.5 * c * db * db, (-b / db if db < 0.0 else INF)
+    bound = (1.0 - b) / db if db > 0.0 else -b / db
+    if loss == HINGE:
+        return c * db, 0.0, bound
+    if loss == LOGISTIC:
+        return 0.0, 0.0, bound
+    return math.nan, math.nan, math.nan
+
+
+@cuda.jit(device=True)
+def _clamp_dual(loss, y, a):
+    """Device twin of ``losses.clamp_dual``."""
+    if loss == SQUARED:
+        return a
+    s = _sign(y)
+    if loss == LOGISTIC or loss == HINGE:
+        return s * min(max(s * a, 0.0), 1.0)
+    if loss == SQUARED_HINGE:
+        return s * max(s * a, 0.0)
+    return math.nan
 
 
 # Device functions that synchronise live next to the kernels calling them: the CUDA simulator
@@ -153,18 +194,9 @@ def dual_line_partials(loss, labels, weights, x, x0, n, part):
         d = x[i] - x0[i]
         if d == 0.0:
             continue
-        c = float64(weights[i])
-        y = float64(labels[i])
-        if loss == SQUARED:
-            p0 += c * d * (y - x0[i])
-            p1 += c * d * d
-            continue
-        s = _sign(y)
-        b = s * x0[i]
-        db = s * d
-        if loss == HINGE:
-            p0 += c * db
-        bound = (1.0 - b) / db if db > 0.0 else -b / db
+        t0, t1, bound = _line_terms(loss, float64(labels[i]), float64(weights[i]), x0[i], d)
+        p0 += t0
+        p1 += t1
         gmax = min(gmax, bound)
     p0 = _block_sum(buf, tid, p0)
     p1 = _block_sum(buf, tid, p1)
@@ -260,16 +292,13 @@ def finish_partials(part, n_blocks, n_sum, out):
 
 @cuda.jit
 def commit_dual_kernel(loss, labels, x, x0, gamma, n):
-    """alpha = x0 + gamma (x - x0), b = s alpha clamped into [0, 1] for hinge / logistic; x = x0 =
-    alpha (the next round starts there). Unmoved coordinates keep their bytes."""
+    """alpha = x0 + gamma (x - x0), b = s alpha put back into its domain (``_clamp_dual``); x = x0
+    = alpha (the next round starts there). Unmoved coordinates keep their bytes."""
     for i in range(cuda.grid(1), n, cuda.gridsize(1)):
         a = x0[i]
         d = x[i] - a
         if d != 0.0:
-            a = a + gamma * d
-            if loss != SQUARED:
-                s = _sign(float64(labels[i]))
-                a = s * min(max(s * a, 0.0), 1.0)
+            a = _clamp_dual(loss, float64(labels[i]), a + gamma * d)
         x0[i] = a
         x[i] = a
 

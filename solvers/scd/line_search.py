@@ -20,13 +20,20 @@ rank). The separable part is reduced with the allreduce:
 
       gamma* = clip( [ (1/N) sum c s dalpha - lam <w, dw> ] / (lam ||dw||^2), 0, gamma_max )
 
+* squared hinge: h(b) = b - b^2/4 is a concave quadratic, so phi is one too on ``[0, gamma_max]``
+  (``b = s alpha``, ``db = s dalpha``; only ``db < 0`` bounds the step, by ``b >= 0``)::
+
+      gamma* = clip( [ (1/N) sum c db (1 - b/2) - lam <w, dw> ]
+                     / [ (1/N) sum c db^2 / 2 + lam ||dw||^2 ], 0, gamma_max )
+
 * logistic: phi is strictly concave and smooth on ``(0, gamma_max)``; a bracketed Newton
   iteration on ``phi'(gamma) = (1/N) sum c db log((1 - b)/b) - lam (<w, dw> + gamma ||dw||^2)``
   with ``phi'' = -(1/N) sum c db^2 / (b (1 - b)) - lam ||dw||^2`` (``b = s (alpha + gamma dalpha)``,
   ``db = s dalpha``), each iteration one ``allreduce_scalars`` of the two sums, so every rank
   takes the same branches and ends with the same gamma.
 
-``gamma_max`` is the largest step keeping every coordinate feasible (``b`` in ``[0, 1]``). It is
+``gamma_max`` is the largest step keeping every coordinate feasible (``b`` in ``[0, 1]``, or
+``b >= 0`` for squared hinge). It is
 at least 1 because every worker's proposal is feasible (logistic's derivative is infinite at the
 boundary, so its maximiser lies strictly inside; the evaluation clamps ``b`` to
 ``[B_EPS, 1 - B_EPS]`` as a numerical guard); each rank puts its local minimum into its own slot of a size-K vector inside the
@@ -47,7 +54,7 @@ from collections.abc import Callable
 
 import numpy as np
 from numba import njit
-from terascale.solvers.scd.losses import B_EPS, HINGE, SQUARED, sign_label
+from terascale.solvers.scd.losses import B_EPS, dual_line_terms, sign_label
 
 _NEWTON_MAX_ITER = 60
 _NEWTON_TOL = 1e-12
@@ -64,9 +71,11 @@ def seq_dot(a, b):
 
 @njit(cache=True, nogil=True)
 def dual_line_sums(loss, labels, weights, alpha, dalpha):
-    """Local pieces of the dual line search: (p0, p1, gamma_max) with
-    squared: p0 = sum c dalpha (y - alpha), p1 = sum c dalpha^2;  hinge: p0 = sum c s dalpha;
-    logistic: nothing (0, 0). gamma_max = the largest feasible step (inf if unbounded)."""
+    """Local pieces of the dual line search: (p0, p1, gamma_max), the sums of
+    ``losses.dual_line_terms`` over the moved coordinates: squared: p0 = sum c dalpha (y - alpha),
+    p1 = sum c dalpha^2; hinge: p0 = sum c s dalpha; squared hinge: p0 = sum c db (1 - b/2),
+    p1 = sum c db^2 / 2; logistic: nothing (0, 0). gamma_max = the largest feasible step (inf if
+    unbounded)."""
     p0 = 0.0
     p1 = 0.0
     gmax = math.inf
@@ -74,18 +83,10 @@ def dual_line_sums(loss, labels, weights, alpha, dalpha):
         d = dalpha[i]
         if d == 0.0:
             continue
-        c = np.float64(weights[i])
-        y = np.float64(labels[i])
-        if loss == SQUARED:
-            p0 += c * d * (y - alpha[i])
-            p1 += c * d * d
-            continue
-        s = sign_label(y)
-        b = s * alpha[i]
-        db = s * d
-        if loss == HINGE:
-            p0 += c * db
-        bound = (1.0 - b) / db if db > 0.0 else -b / db
+        t0, t1, bound = dual_line_terms(loss, np.float64(labels[i]), np.float64(weights[i]),
+                                        alpha[i], d)
+        p0 += t0
+        p1 += t1
         if bound < gmax:
             gmax = bound
     return p0, p1, gmax
@@ -141,6 +142,17 @@ def hinge_gamma(p0: float, wd: float, dd: float, lam: float, n_w: float, gmax: f
     else:
         g = math.inf if slope > 0.0 else 0.0
     return _finite_or(min(max(g, 0.0), gmax), 1.0)
+
+
+def squared_hinge_gamma(p0: float, p1: float, wd: float, dd: float, lam: float, n_w: float,
+                        gmax: float) -> float:
+    """Exact gamma* for the squared-hinge dual: phi'(gamma) = (p0 - gamma p1)/N - lam (<w, dw> +
+    gamma ||dw||^2) is affine and decreasing, so the maximiser of the concave quadratic phi on
+    [0, gamma_max] is its root clipped to that interval (1 when nothing moved)."""
+    den = p1 / n_w + lam * dd
+    if den <= 0.0:
+        return 1.0
+    return _finite_or(min(max((p0 / n_w - lam * wd) / den, 0.0), gmax), 1.0)
 
 
 def logistic_gamma(

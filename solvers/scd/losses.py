@@ -1,4 +1,4 @@
-"""The three losses: primal value, dual (conjugate) value, and the exact dual coordinate step.
+"""The dual losses: primal value, dual (conjugate) value, and the exact dual coordinate step.
 
 Notation (one example ``i``; labels ``y`` are 0/1 for classification, real for ridge; ``s = 2y - 1``
 is the +-1 label; ``z = x.beta`` is the margin). The trainer's objective is the weighted mean
@@ -19,7 +19,11 @@ loss       phi(z)                h(a)                            dual domain
 squared    (z - y)^2 / 2         a y - a^2 / 2                   a real
 logistic   log(1 + exp(-s z))    -b log b - (1-b) log(1-b),      b = s a in [0, 1]
 hinge      max(0, 1 - s z)       b                               b = s a in [0, 1]
+sq. hinge  max(0, 1 - s z)^2     b - b^2 / 4                     b = s a >= 0
 =========  ====================  ==============================  ========================
+
+(Squared hinge: h(a) = inf_z phi(z) + a z; with t = s z that is inf_t (b t + max(0, 1 - t)^2),
+-inf for b < 0, attained at t = 1 - b/2 for b >= 0, where it is b (1 - b/2) + b^2/4 = b - b^2/4.)
 
 Coordinate step. With ``dot = x_i . u`` (``u`` the current, possibly locally scaled, shared vector)
 and ``q = sigma c_i ||x_i||^2 / (lam N)``, the step maximises over ``a'``
@@ -30,6 +34,10 @@ which is SDCA's step (sigma = 1) or the CoCoA+ local-subproblem step (sigma = si
 
 * squared:  ``a' = a + (y - a - dot) / (1 + q)``  (the paper's Eq. 4 in this scaling);
 * hinge:    ``b' = clip(b + (1 - s dot) / q, 0, 1)``  (closed form, Liu & Hajewski Sec. 7.1);
+* squared hinge: with ``m = s dot`` the objective in ``b'`` is ``b' - b'^2/4 - (b' - b) m -
+  q (b' - b)^2 / 2``, strictly concave (second derivative ``-1/2 - q``); its stationary point
+  ``1 - b'/2 - m - q (b' - b) = 0`` clipped to the domain gives
+  ``b' = max(0, (1 - m + q b) / (q + 1/2))`` (also at q = 0: no division by zero);
 * logistic: ``t = logit(b')`` solves ``g(t) = -t - s dot - q (sigmoid(t) - b) = 0``; g is decreasing
   with g' in [-1 - q/4, -1] and its root lies in ``(-s dot - q (1-b), -s dot + q b)``; Newton
   kept on the root's side of 0, where g is concave (mirrored if need be), converges in a few steps. ``b'`` is kept in
@@ -41,10 +49,10 @@ from __future__ import annotations
 import math
 
 from numba import njit
-from terascale.solvers.catalogue import HINGE, LOGISTIC, SQUARED, loss_spec
+from terascale.solvers.catalogue import HINGE, LOGISTIC, SQUARED, SQUARED_HINGE, loss_spec
 
-__all__ = ["B_EPS", "HINGE", "LOGISTIC", "SQUARED", "dual_lower", "dual_step", "dual_upper", "dual_value",
-           "loss_code", "primal_loss", "sign_label"]
+__all__ = ["B_EPS", "HINGE", "LOGISTIC", "SQUARED", "SQUARED_HINGE", "clamp_dual", "dual_line_terms", "dual_lower",
+           "dual_step", "dual_upper", "dual_value", "loss_code", "primal_loss", "sign_label"]
 
 B_EPS = 1e-15  # logistic dual variables b stay in [B_EPS, 1 - B_EPS]
 _NEWTON_MAX_ITER = 50
@@ -85,6 +93,8 @@ def primal_loss(loss, y, z):
         return log1pexp(-m)
     if loss == HINGE:
         return 1.0 - m if m < 1.0 else 0.0
+    if loss == SQUARED_HINGE:
+        return (1.0 - m) * (1.0 - m) if m < 1.0 else 0.0
     raise ValueError("unknown loss id")
 
 
@@ -109,6 +119,8 @@ def dual_value(loss, y, a):
         return entropy(b)
     if loss == HINGE:
         return b
+    if loss == SQUARED_HINGE:
+        return b - 0.25 * b * b
     raise ValueError("unknown loss id")
 
 
@@ -180,6 +192,12 @@ def _hinge_b(b, m, q):
 
 
 @njit(cache=True, nogil=True)
+def _squared_hinge_b(b, m, q):
+    """argmax over b' >= 0 of b' - b'^2/4 - (b' - b) m - q (b' - b)^2 / 2 (closed form)."""
+    return max((1.0 - m + q * b) / (q + 0.5), 0.0)
+
+
+@njit(cache=True, nogil=True)
 def dual_step(loss, y, a, dot, q):
     """The new value of one dual coordinate (see the module docstring)."""
     if loss == SQUARED:
@@ -191,6 +209,8 @@ def dual_step(loss, y, a, dot, q):
         return s * _logistic_b(b, m, q)
     if loss == HINGE:
         return s * _hinge_b(b, m, q)
+    if loss == SQUARED_HINGE:
+        return s * _squared_hinge_b(b, m, q)
     raise ValueError("unknown loss id")
 
 
@@ -199,19 +219,67 @@ def dual_lower(loss):
     """Smallest feasible b = s a (no bound for squared: -inf)."""
     if loss == LOGISTIC:
         return B_EPS
-    if loss == HINGE:
+    if loss == HINGE or loss == SQUARED_HINGE:
         return 0.0
-    return -math.inf
+    if loss == SQUARED:
+        return -math.inf
+    raise ValueError("unknown loss id")
 
 
 @njit(cache=True, nogil=True)
 def dual_upper(loss):
-    """Largest feasible b = s a (no bound for squared: +inf)."""
+    """Largest feasible b = s a (no bound for squared and squared hinge: +inf)."""
     if loss == LOGISTIC:
         return 1.0 - B_EPS
     if loss == HINGE:
         return 1.0
-    return math.inf
+    if loss == SQUARED or loss == SQUARED_HINGE:
+        return math.inf
+    raise ValueError("unknown loss id")
+
+
+@njit(cache=True, nogil=True)
+def clamp_dual(loss, y, a):
+    """a after a line step ``alpha + gamma dalpha``, with b = s a put back into the closed
+    domain (round-off only: gamma never exceeds the feasible step): [0, 1] for hinge and
+    logistic (whose steps keep b inside [B_EPS, 1 - B_EPS] themselves), b >= 0 for squared
+    hinge, unchanged for squared."""
+    if loss == SQUARED:
+        return a
+    s = sign_label(y)
+    if loss == LOGISTIC or loss == HINGE:
+        return s * min(max(s * a, 0.0), 1.0)
+    if loss == SQUARED_HINGE:
+        return s * max(s * a, 0.0)
+    raise ValueError("unknown loss id")
+
+
+@njit(cache=True, nogil=True)
+def dual_line_terms(loss, y, c, a, d):
+    """One coordinate's share of the dual line search along ``a + gamma d`` (``d != 0``, weight
+    ``c``): (p0, p1, bound), where ``p0 - gamma p1`` is its term of N (phi'(gamma) + lam
+    (<w, dw> + gamma ||dw||^2)) for the closed-form losses (see ``line_search``) and ``bound`` is
+    the largest feasible gamma (inf if there is none). With b = s a and db = s d:
+
+    * squared:       h(a + g d) = h(a) + g d (y - a) - g^2 d^2 / 2:  (c d (y - a), c d^2, inf)
+    * hinge:         h linear in b on [0, 1]:                       (c db, 0, box bound)
+    * squared hinge: h(b + g db) = h(b) + g db (1 - b/2) - g^2 db^2 / 4:
+                     (c db (1 - b/2), c db^2 / 2, -b/db if db < 0 else inf)
+    * logistic:      no closed form (Newton on ``logistic_line_derivs``): (0, 0, box bound)
+    """
+    if loss == SQUARED:
+        return c * d * (y - a), c * d * d, math.inf
+    s = sign_label(y)
+    b = s * a
+    db = s * d
+    if loss == SQUARED_HINGE:
+        return c * db * (1.0 - 0.5 * b), 0.5 * c * db * db, (-b / db if db < 0.0 else math.inf)
+    bound = (1.0 - b) / db if db > 0.0 else -b / db
+    if loss == HINGE:
+        return c * db, 0.0, bound
+    if loss == LOGISTIC:
+        return 0.0, 0.0, bound
+    raise ValueError("unknown loss id")
 
 
 def loss_code(name: str) -> int:

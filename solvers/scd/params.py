@@ -26,7 +26,7 @@ _POSITIVE = Interval(0, None, lo_open=True)
 class CocoaParams:
     """Everything that defines a CoCoA / SCD run (see ``solvers.scd`` for the formulas)."""
 
-    loss: str = _p("logistic", "logistic and hinge: labels 0/1; squared: ridge regression", OneOf(_DUAL_LOSSES))
+    loss: str = _p("logistic", "logistic, hinge and squared_hinge: labels 0/1; squared: ridge regression", OneOf(_DUAL_LOSSES))
     formulation: str = _p(
         "dual",
         "dual: SDCA on examples (every loss); primal: SCD on features (squared only; with K > 1 "

@@ -20,7 +20,7 @@ produced it, and every rank's compute_s / stall_s / transfer_s of that round (th
 in K slots of the message, so each rank's history has every rank's figures).
 
 ``tol`` is relative to ``P_0 = P(beta = 0)``, the first history row's primal: log 2 for
-logistic, 1 for hinge, (1/N) sum c y^2 / 2 for ridge — scale-free for ridge, and essentially
+logistic, 1 for hinge and squared hinge, (1/N) sum c y^2 / 2 for ridge — scale-free for ridge, and essentially
 an absolute gap on the mean-form objective for classification.
 """
 

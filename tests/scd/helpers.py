@@ -7,6 +7,8 @@ scikit-learn models with the same objective (N = sum of the weights):
 * ridge:    ``Ridge(alpha = lam N, fit_intercept=False)``           (sum c (y - x.b)^2 + alpha ||b||^2 = 2N P)
 * logistic: ``LogisticRegression(C = 1/(lam N), fit_intercept=False)`` (C sum c log(1 + e^-sz) + ||b||^2/2 = P/lam)
 * hinge:    ``LinearSVC(C = 1/(lam N), loss="hinge", fit_intercept=False, dual=True)``
+* squared hinge: ``LinearSVC(C = 1/(lam N), loss="squared_hinge", fit_intercept=False, dual=True)``
+  (C sum c max(0, 1 - s z)^2 + ||b||^2/2 = P/lam)
 
 each fitted on ``[X, intercept_scaling * 1]`` so the constant column is regularized exactly like
 our augmented feature.
@@ -55,11 +57,17 @@ def objective(loss: str, data: CSRData, beta: np.ndarray, lam: float,
     y = data.labels.astype(np.float64)
     c = data.weights.astype(np.float64)
     z = x @ beta
+    m = (2 * y - 1) * z
     if loss == "squared":
         per = 0.5 * (z - y) ** 2
+    elif loss == "logistic":
+        per = np.logaddexp(0.0, -m)
+    elif loss == "hinge":
+        per = np.maximum(0.0, 1.0 - m)
+    elif loss == "squared_hinge":
+        per = np.maximum(0.0, 1.0 - m) ** 2
     else:
-        m = (2 * y - 1) * z
-        per = np.logaddexp(0.0, -m) if loss == "logistic" else np.maximum(0.0, 1.0 - m)
+        raise ValueError(f"no reference objective for loss {loss!r}")
     return float(c @ per / c.sum() + 0.5 * lam * beta @ beta)
 
 
@@ -77,10 +85,12 @@ def sklearn_fit(loss: str, data: CSRData, lam: float, scaling: float | None = 1.
     elif loss == "logistic":
         model = LogisticRegression(C=1.0 / (lam * n_w), fit_intercept=False, tol=1e-14,
                                    max_iter=100_000)
-    else:
+    elif loss in ("hinge", "squared_hinge"):
         # liblinear's dual CD stalls below tol ~1e-11 (it then hits max_iter); 1e-10 converges
-        model = LinearSVC(C=1.0 / (lam * n_w), loss="hinge", fit_intercept=False, dual=True,
+        model = LinearSVC(C=1.0 / (lam * n_w), loss=loss, fit_intercept=False, dual=True,
                           tol=1e-10, max_iter=1_000_000, random_state=0)
+    else:
+        raise ValueError(f"no scikit-learn twin for loss {loss!r}")
     model.fit(x, y, sample_weight=c)
     return np.asarray(model.coef_, dtype=np.float64).ravel()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from terascale.allreduce.communicator import LocalCommunicator
+from terascale.solvers.catalogue import LOSSES
 from terascale.solvers.scd import CocoaParams, train_cocoa
 
 from tests.scd.helpers import make_data, run_ranks, split_rows
@@ -36,7 +37,7 @@ def _assert_same_optimum(result, reference):
 
 @pytest.mark.parametrize(
     "loss, formulation",
-    [("squared", "dual"), ("squared", "primal"), ("logistic", "dual"), ("hinge", "dual")],
+    [(name, "dual") for name, spec in LOSSES.items() if spec.dual] + [("squared", "primal")],
 )
 def test_k_ranks_reach_the_single_rank_optimum(loss, formulation):
     data = make_data(loss, n=200, seed=31)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from terascale.allreduce.communicator import LocalCommunicator
+from terascale.solvers.catalogue import LOSSES
 from terascale.solvers.scd import CocoaParams, train_cocoa
 from terascale.solvers.scd.dual_kernels import (
     dual_epoch,
@@ -35,7 +36,7 @@ def _point(data, loss, seed=1):
     return sqn, alpha, w, scale
 
 
-@pytest.mark.parametrize("loss", ["squared", "logistic", "hinge"])
+@pytest.mark.parametrize("loss", [name for name, spec in LOSSES.items() if spec.dual])
 def test_fused_epoch_equals_gap_pass_then_epoch(loss):
     data = make_data(loss, n=257, seed=4, weighted=True)
     code = loss_code(loss)
@@ -72,7 +73,7 @@ def test_solver_with_gap_matches_the_plain_solver_over_several_epochs(threads):
     np.testing.assert_allclose(sums, want, rtol=1e-12)  # of the starting point
 
 
-@pytest.mark.parametrize("loss, threads", [("logistic", 1), ("hinge", 1), ("logistic", 2)])
+@pytest.mark.parametrize("loss, threads", [("logistic", 1), ("hinge", 1), ("logistic", 2), ("squared_hinge", 2)])
 def test_history_reports_each_points_own_objectives(loss, threads):
     """Row r of the history is point r (its pieces are taken while round r+1 is computed):
     the primal equals the definition at the model of the state saved after round r."""

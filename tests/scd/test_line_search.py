@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize_scalar
 from terascale.allreduce.communicator import LocalCommunicator
+from terascale.solvers.catalogue import LOSSES
 from terascale.solvers.scd import CocoaParams, train_cocoa
 from terascale.solvers.scd.line_search import (
     dual_line_sums,
@@ -19,6 +20,7 @@ from terascale.solvers.scd.line_search import (
     ridge_dual_gamma,
     ridge_primal_gamma,
     seq_dot,
+    squared_hinge_gamma,
 )
 from terascale.solvers.scd.local_solver import DualLocalSolver, PrimalLocalSolver
 from terascale.solvers.scd.losses import loss_code
@@ -72,19 +74,24 @@ def _dual_objective(data, loss, alpha):
     y, c = data.labels.astype(np.float64), data.weights.astype(np.float64)
     n_w = c.sum()
     w = x.T @ (c * alpha) / (LAM * n_w)
+    b = (2 * y - 1) * alpha
     if loss == "squared":
         h = alpha * y - 0.5 * alpha**2
+    elif loss == "hinge":
+        h = np.clip(b, 0.0, 1.0)
+    elif loss == "squared_hinge":
+        b = np.maximum(b, 0.0)
+        h = b - 0.25 * b**2
+    elif loss == "logistic":
+        b = np.clip(b, 0.0, 1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            h = -np.nan_to_num(b * np.log(b)) - np.nan_to_num((1 - b) * np.log1p(-b))
     else:
-        b = np.clip((2 * y - 1) * alpha, 0.0, 1.0)
-        if loss == "hinge":
-            h = b
-        else:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                h = -np.nan_to_num(b * np.log(b)) - np.nan_to_num((1 - b) * np.log1p(-b))
+        raise ValueError(f"no reference dual for loss {loss!r}")
     return c @ h / n_w - 0.5 * LAM * w @ w
 
 
-@pytest.mark.parametrize("loss", ["squared", "logistic", "hinge"])
+@pytest.mark.parametrize("loss", [name for name, spec in LOSSES.items() if spec.dual])
 def test_dual_gamma_equals_brute_force(loss):
     data = make_data(loss, seed=11)
     alpha, w = _state_after(data, loss, "dual", rounds=2)
@@ -97,7 +104,9 @@ def test_dual_gamma_equals_brute_force(loss):
         gamma = ridge_dual_gamma(p0, p1, wd, dd, LAM, n_w)
     elif loss == "hinge":
         gamma = hinge_gamma(p0, wd, dd, LAM, n_w, gmax)
-    else:
+    elif loss == "squared_hinge":
+        gamma = squared_hinge_gamma(p0, p1, wd, dd, LAM, n_w, gmax)
+    elif loss == "logistic":
         comm = LocalCommunicator()
 
         def derivs(g):
@@ -105,6 +114,8 @@ def test_dual_gamma_equals_brute_force(loss):
                 list(logistic_line_derivs(data.labels, data.weights, alpha, dalpha, g))))
 
         gamma = logistic_gamma(derivs, wd, dd, LAM, n_w, gmax, start=1.0 / K)
+    else:
+        raise ValueError(f"no line search for loss {loss!r}")
     assert gmax >= 1.0 - 1e-12
     hi = min(gmax, 4.0 * max(gamma, 1.0))
     best = _brute_force(lambda g: -_dual_objective(data, loss, alpha + g * dalpha), hi)
@@ -173,3 +184,23 @@ def test_logistic_gamma_interior_optimum_after_testing_the_limit():
     gamma = logistic_gamma(derivs, wd, dd, lam, n_w, gmax, start=1.0)
     s1, _ = derivs(gamma)
     assert 0.0 < gamma < gmax and abs(s1 / n_w - lam * (wd + gamma * dd)) < 1e-10
+
+
+def test_squared_hinge_gamma_is_clipped_to_the_feasible_step():
+    """Only coordinates moving toward b = 0 bound the step; the unclipped maximiser of the
+    concave quadratic is (p0/N - lam <w, dw>) / (p1/N + lam ||dw||^2)."""
+    code = loss_code("squared_hinge")
+    labels = np.array([1.0, 0.0, 1.0], np.float32)
+    weights = np.array([1.0, 2.0, 1.0], np.float32)
+    alpha = np.array([0.5, -2.0, 0.0])  # b = 0.5, 2.0, 0.0
+    dalpha = np.array([-0.25, 0.5, 3.0])  # db = -0.25 (b = 0 at gamma 2), -0.5 (at 4), +3 (none)
+    p0, p1, gmax = dual_line_sums(code, labels, weights, alpha, dalpha)
+    assert gmax == 2.0
+    assert p0 == pytest.approx(-0.25 * 0.75 + 2 * -0.5 * 0.0 + 3.0 * 1.0)  # c db (1 - b/2)
+    assert p1 == pytest.approx((0.0625 + 2 * 0.25 + 9.0) / 2)  # c db^2 / 2
+    lam, n_w = 0.1, 4.0
+    assert squared_hinge_gamma(p0, p1, 0.0, 1.0, lam, n_w, gmax) == pytest.approx(
+        (p0 / n_w) / (p1 / n_w + lam))
+    assert squared_hinge_gamma(p0, p1, -100.0, 1.0, lam, n_w, gmax) == gmax  # clipped above
+    assert squared_hinge_gamma(p0, p1, 100.0, 1.0, lam, n_w, gmax) == 0.0  # and below
+    assert squared_hinge_gamma(0.0, 0.0, 0.0, 0.0, lam, n_w, np.inf) == 1.0  # nothing moved

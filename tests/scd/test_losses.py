@@ -10,18 +10,37 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize_scalar
+from terascale.solvers.catalogue import LOSSES
 from terascale.solvers.scd.losses import (
     B_EPS,
     HINGE,
     LOGISTIC,
     SQUARED,
+    SQUARED_HINGE,
+    clamp_dual,
+    dual_line_terms,
+    dual_lower,
     dual_step,
+    dual_upper,
     dual_value,
     log1pexp,
     loss_code,
     primal_loss,
     sigmoid,
 )
+
+#: every loss with an SDCA step, by id (the catalogue's ``dual`` column)
+DUAL_IDS = [spec.id for spec in LOSSES.values() if spec.dual]
+
+
+def _b_range(loss, b, dot):
+    """A closed interval of b = s a' that holds the step's maximiser: the domain, or for the
+    squared hinge [0, 2 + 2|dot| + 2b] (its objective's derivative 1 - b'/2 - m - q (b' - b) is
+    negative beyond, for any q >= 0)."""
+    hi = dual_upper(loss)
+    if loss == SQUARED_HINGE:
+        hi = 2.0 + 2.0 * abs(dot) + 2.0 * abs(b)
+    return max(dual_lower(loss), 0.0), hi
 
 
 def _brute_step(loss, y, a, dot, q):
@@ -35,18 +54,27 @@ def _brute_step(loss, y, a, dot, q):
     if loss == SQUARED:
         res = minimize_scalar(neg, bracket=(a - 10, a + 10), tol=1e-12)
         return res.x
-    res = minimize_scalar(neg, bounds=(0.0, 1.0), method="bounded", options={"xatol": 1e-12})
-    best = min([res.x, 0.0, 1.0], key=neg)
+    lo, hi = _b_range(loss, s * a, dot)
+    res = minimize_scalar(neg, bounds=(lo, hi), method="bounded", options={"xatol": 1e-12})
+    best = min([res.x, lo, hi], key=neg)
     return s * best
 
 
-@pytest.mark.parametrize("loss", [SQUARED, LOGISTIC, HINGE])
+def _random_dual_point(loss, rng):
+    """(y, a): a label and a feasible dual variable of ``loss``."""
+    if loss == SQUARED:
+        return float(rng.standard_normal() * 3), float(rng.standard_normal())
+    y = float(rng.integers(0, 2))
+    s = 1.0 if y > 0.5 else -1.0
+    b = rng.uniform(0.0, 3.0) if loss == SQUARED_HINGE else rng.uniform(0.01, 0.99)
+    return y, s * float(b)
+
+
+@pytest.mark.parametrize("loss", DUAL_IDS)
 def test_dual_step_is_the_exact_maximiser(loss):
     rng = np.random.default_rng(loss)
     for _ in range(200):
-        y = float(rng.integers(0, 2)) if loss != SQUARED else float(rng.standard_normal() * 3)
-        s = 1.0 if y > 0.5 else -1.0
-        a = float(rng.standard_normal()) if loss == SQUARED else s * float(rng.uniform(0.01, 0.99))
+        y, a = _random_dual_point(loss, rng)
         dot = float(rng.standard_normal() * 3)
         q = float(rng.choice([0.0, 1e-3, 0.3, 5.0, 200.0]))
         got = dual_step(loss, y, a, dot, q)
@@ -59,6 +87,94 @@ def test_dual_step_is_the_exact_maximiser(loss):
         assert obj(got) >= obj(want) - 1e-9, (loss, y, a, dot, q, got, want)
         if loss != HINGE or q > 0:  # hinge with q = 0 is linear: any maximiser will do
             assert got == pytest.approx(want, abs=1e-5)
+
+
+@pytest.mark.parametrize("loss", DUAL_IDS)
+def test_dual_value_is_the_negated_conjugate(loss):
+    """h(a) = -phi*(-a) = inf_z phi(z) + a z, the infimum found numerically (a scalar search
+    around the minimiser of the strictly convex or piecewise-linear function of z)."""
+    rng = np.random.default_rng(100 + loss)
+    for _ in range(50):
+        y, a = _random_dual_point(loss, rng)
+
+        def f(z, y=y, a=a):
+            return primal_loss(loss, y, z) + a * z
+
+        res = minimize_scalar(f, bounds=(-60.0, 60.0), method="bounded", options={"xatol": 1e-12})
+        s = 1.0 if y > 0.5 else -1.0
+        best = min(f(res.x), f(s))  # hinge: the infimum sits on the kink z = s
+        assert dual_value(loss, y, a) == pytest.approx(best, rel=1e-9, abs=1e-9), (loss, y, a)
+
+
+@pytest.mark.parametrize("y, b, m, q, want", [
+    (1.0, 0.0, 0.0, 0.0, 2.0),  # alpha = 0, w = 0: (1 - 0 + 0) / (1/2)
+    (1.0, 0.5, 0.2, 1.0, 1.3 / 1.5),  # (1 - 0.2 + 1 * 0.5) / (1 + 1/2)
+    (0.0, 0.5, 0.2, 1.0, 1.3 / 1.5),  # label 0: s = -1, a = -b, dot = -m
+    (1.0, 1.0, 3.0, 0.5, 0.0),  # 1 - 3 + 0.5 < 0: clipped at b' = 0
+    (1.0, 2.0, -1.0, 4.0, 10.0 / 4.5),  # (1 + 1 + 8) / 4.5 (b' > 1: no upper bound)
+])
+def test_squared_hinge_step_closed_form(y, b, m, q, want):
+    """b' = max(0, (1 - m + q b) / (q + 1/2)), the maximiser of b' - b'^2/4 - (b' - b) m -
+    q (b' - b)^2 / 2 over b' >= 0, with a = s b and dot = s m."""
+    s = 1.0 if y > 0.5 else -1.0
+    assert s * dual_step(SQUARED_HINGE, y, s * b, s * m, q) == pytest.approx(want, rel=1e-15, abs=0.0)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    b=st.one_of(st.floats(0.0, 1e6), st.sampled_from([0.0, 1e-300, 0.5, 2.0, 1e6])),
+    m=st.floats(-1e6, 1e6),
+    q=st.one_of(st.floats(0.0, 1e8), st.sampled_from([0.0, 1e-12, 20.0, 1e8])),
+    y=st.sampled_from([0.0, 1.0]),
+)
+@example(b=0.0, m=0.0, q=0.0, y=1.0)  # the first step of a run
+@example(b=0.0, m=1.0, q=5.0, y=0.0)  # on the margin: b' = 0 exactly
+@example(b=3.0, m=1e6, q=1e-12, y=1.0)  # far beyond the margin: clipped at 0
+def test_squared_hinge_step_stationarity_property(b, m, q, y):
+    """For any feasible state, margin and curvature the step is feasible and satisfies the KKT
+    conditions of max_{b' >= 0} b' - b'^2/4 - (b' - b) m - q (b' - b)^2 / 2: the derivative
+    1 - b'/2 - m - q (b' - b) is 0 at b' > 0 and <= 0 at b' = 0."""
+    s = 1.0 if y > 0.5 else -1.0
+    new = s * dual_step(SQUARED_HINGE, y, s * b, s * m, q)
+    assert math.isfinite(new) and new >= 0.0
+    grad = 1.0 - 0.5 * new - m - q * (new - b)
+    scale = 1.0 + abs(m) + q * max(new, b) + new  # the size of the terms that cancel
+    if new > 0.0:
+        assert abs(grad) <= 1e-12 * scale
+    else:
+        assert grad <= 1e-12 * scale
+
+
+@pytest.mark.parametrize("loss", DUAL_IDS)
+def test_line_terms_and_clamp_keep_the_domain(loss):
+    """``dual_line_terms``' bound is the largest feasible step of one coordinate, and
+    ``clamp_dual`` maps any a back into the domain and leaves a feasible one alone."""
+    rng = np.random.default_rng(200 + loss)
+    lo, hi = dual_lower(loss), dual_upper(loss)
+    for _ in range(100):
+        y, a = _random_dual_point(loss, rng)
+        s = 1.0 if y > 0.5 else -1.0
+        d = float(rng.standard_normal())
+        _, p1, bound = dual_line_terms(loss, y, 1.0, a, d)
+        assert p1 >= 0.0  # phi is concave along the line
+        assert clamp_dual(loss, y, a) == a
+        if math.isinf(bound):
+            assert loss == SQUARED or (loss == SQUARED_HINGE and s * d > 0.0)
+            continue
+        end = s * (a + bound * d)  # b at the bound: on the domain's edge
+        assert min(abs(end - max(lo, 0.0)), abs(end - min(hi, 1.0))) <= 1e-12
+        assert s * clamp_dual(loss, y, a + 2.0 * bound * d) in (0.0, 1.0)
+
+
+def test_unknown_loss_ids_raise():
+    for fn, args in [(primal_loss, (1.0, 0.5)), (dual_value, (1.0, 0.5)),
+                     (dual_step, (1.0, 0.5, 0.1, 1.0)), (clamp_dual, (1.0, 0.5)),
+                     (dual_line_terms, (1.0, 1.0, 0.5, 0.1))]:
+        with pytest.raises(ValueError, match="unknown loss id"):
+            fn(len(LOSSES), *args)
+    for fn in (dual_lower, dual_upper):
+        with pytest.raises(ValueError, match="unknown loss id"):
+            fn(len(LOSSES))
 
 
 @pytest.mark.parametrize("b, m, q", [
@@ -103,6 +219,10 @@ def test_primal_and_dual_values_by_definition():
     assert primal_loss(HINGE, 1.0, 2.0) == 0.0
     assert dual_value(SQUARED, 2.0, 1.0) == pytest.approx(1.5)
     assert dual_value(HINGE, 0.0, -0.25) == pytest.approx(0.25)
+    assert primal_loss(SQUARED_HINGE, 0.0, -0.25) == pytest.approx(0.5625)  # (1 - 0.25)^2
+    assert primal_loss(SQUARED_HINGE, 1.0, 1.5) == 0.0
+    assert dual_value(SQUARED_HINGE, 0.0, -1.0) == pytest.approx(0.75)  # b - b^2/4 at b = 1
+    assert dual_value(SQUARED_HINGE, 1.0, 2.0) == pytest.approx(1.0)  # its maximum, = phi(0)
     with pytest.raises(ValueError, match="train.loss = 'poisson': must be one of"):
         loss_code("poisson")
 

@@ -17,7 +17,7 @@ from tests.scd.helpers import make_data
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"loss": "poisson"}, "cocoa.loss = 'poisson': must be one of 'logistic', 'squared', 'hinge'"),
+        ({"loss": "poisson"}, "cocoa.loss = 'poisson': must be one of 'logistic', 'squared', 'hinge', 'squared_hinge'"),
         ({"l2": 0.0}, "cocoa.l2 = 0.0: must be a finite number in (0, inf]"),
         ({"l2": math.inf}, "cocoa.l2 = inf"),
         ({"local_epochs": 0}, "cocoa.local_epochs = 0: must be an integer in [1, inf]"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from terascale.allreduce.communicator import LocalCommunicator
+from terascale.solvers.catalogue import LOSSES
 from terascale.solvers.data import CSRData
 from terascale.solvers.scd import CocoaParams, train_cocoa
 from terascale.solvers.scd.local_solver import _Schedule
@@ -81,7 +82,7 @@ def test_every_rank_gathers_the_same_float32_rows_from_float64_input():
         assert getattr(got[0], name).tobytes() == getattr(got[1], name).tobytes(), name
 
 
-@pytest.mark.parametrize("loss", ["logistic", "squared", "hinge"])
+@pytest.mark.parametrize("loss", [name for name, spec in LOSSES.items() if spec.dual])
 def test_k_ranks_reach_the_single_rank_optimum(loss):
     data = make_data(loss, n=200, seed=52)
     reference = train_cocoa(data, LocalCommunicator(), _params(loss, partition="fixed"))

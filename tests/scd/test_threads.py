@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from terascale.allreduce.communicator import LocalCommunicator
+from terascale.solvers.catalogue import LOSSES
 from terascale.solvers.scd import CocoaParams, train_cocoa
 
 from tests.scd.helpers import dense_augmented, make_data
 
 LAM = 1e-2
-CASES = [("squared", "dual"), ("squared", "primal"), ("logistic", "dual"), ("hinge", "dual")]
+CASES = [(name, "dual") for name, spec in LOSSES.items() if spec.dual] + [("squared", "primal")]
 
 
 def _fit(data, loss, formulation, threads, **kw):

@@ -48,7 +48,7 @@ def test_layout_is_first_use_and_binds_to_the_compact_numbering():
         LocalTable(shard).bind(ActiveFeatures(np.array([2, 4]), 12))
 
 
-@pytest.mark.parametrize("loss", ["logistic", "squared", "hinge"])
+@pytest.mark.parametrize("loss", sorted(LOSS_IDS))
 def test_table_sums_are_bit_identical_to_the_compact_shard_pass(loss):
     data = planted_problem(n=700, d=90, density=0.08, seed=3, loss=loss, weighted=True)
     shard = Shard.from_csr(data)

@@ -9,6 +9,7 @@ import pytest
 from terascale.allreduce.communicator import LocalCommunicator
 from terascale.solvers.active import ActiveFeatures
 from terascale.solvers.api import SolverParams
+from terascale.solvers.catalogue import LOSSES
 from terascale.solvers.data import CSRData
 from terascale.solvers.kernels import coarse as KC
 from terascale.solvers.kernels.losses import LOSS_IDS
@@ -19,6 +20,7 @@ from terascale.solvers.shard import Shard
 
 from tests.solvers.helpers import (
     keep,
+    loss_np,
     objective_np,
     planted_problem,
     sklearn_logistic,
@@ -47,11 +49,8 @@ def _dense_S(group_map: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return S
 
 
-def _curvature(loss: str, m: np.ndarray) -> np.ndarray:
-    if loss == "logistic":
-        p = 1.0 / (1.0 + np.exp(-m))
-        return p * (1.0 - p)
-    return np.ones_like(m)
+def _curvature(loss: str, m: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    return loss_np(loss, m, labels.astype(np.float64))[2]
 
 
 def _table(data: CSRData) -> tuple[LocalTable, ActiveFeatures]:
@@ -60,7 +59,7 @@ def _table(data: CSRData) -> tuple[LocalTable, ActiveFeatures]:
     return table.bind(space), space
 
 
-@pytest.mark.parametrize("loss", ["logistic", "squared"])
+@pytest.mark.parametrize("loss", [name for name, spec in LOSSES.items() if spec.curvature])
 def test_coarse_matrix_is_the_hessian_on_the_coarse_space(loss):
     """E = Sᵀ·∇²f(θ)·S + λ·diag(group sizes) (the intercept unpenalized) over weighted rows with
     real values, features in no group and rows holding several features of one group."""
@@ -75,7 +74,7 @@ def test_coarse_matrix_is_the_hessian_on_the_coarse_space(loss):
                       float(data.weights.sum(dtype=np.float64)))
     x = np.hstack([data.to_scipy().toarray()[:, space.ids], np.ones((data.n_rows, 1))])
     h = data.weights.astype(np.float64)
-    hc = h * _curvature(loss, x @ theta)
+    hc = h * _curvature(loss, x @ theta, data.labels)
     S = _dense_S(gmap, space.ids)
     want = (x @ S).T @ (hc[:, None] * (x @ S)) / h.sum()
     want += l2 * np.diag(np.append((S[:-1] > 0).sum(axis=0)[:-1], 0.0))
@@ -106,7 +105,7 @@ def test_the_coarse_matrix_samples_every_stride_th_run_of_rows():
     rows = np.r_[0 : SAMPLE_RUN, 3 * SAMPLE_RUN : n]
     x = np.hstack([data.to_scipy().toarray()[:, space.ids], np.ones((n, 1))])[rows]
     h = data.weights.astype(np.float64)[rows]
-    hc = h * _curvature("logistic", x @ theta)
+    hc = h * _curvature("logistic", x @ theta, data.labels[rows])
     S = _dense_S(gmap, space.ids)
     assert status == KC.OK
     assert used == pytest.approx(h.sum(), rel=1e-12)
