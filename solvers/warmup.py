@@ -3,8 +3,8 @@
 The kernels are compiled once and cached on disk (``cache=True``; ``pipeline.numba_cache`` keeps
 the cache across Spark applications), but a fresh process still pays for loading them at their
 first call: numba then imports its typing and lowering registries (scipy.linalg among them) and
-links the cached code, about 0.3-0.7 s per process on the 2-core benchmark machine, before the
-first row of the first pass. :func:`start_warm_up` runs the solver on a tiny generated problem
+links the cached code, a noticeable fraction of a second per process, before the first row of
+the first pass. :func:`start_warm_up` runs the solver on a tiny generated problem
 of the training data's dtypes in a background thread; the train task starts it before it reads
 its shard with pyarrow (which releases the GIL) and joins it before training, so the loading
 overlaps the read instead of delaying pass 1.

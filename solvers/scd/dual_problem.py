@@ -110,8 +110,8 @@ class DualProblemBase(GapThenProposal, abc.ABC):
             r = self.comm.allreduce_scalars([s1, s2])
             return r[0], r[1]
 
-        # Newton from the last round's gamma (it changes little from round to round): about
-        # 3 evaluations instead of 5 from 1/K
+        # Newton from the last round's gamma (it changes little from round to round): fewer
+        # evaluations than from 1/K
         prev = self.previous_gamma
         start = prev if prev is not None and math.isfinite(prev) and prev > 0.0 else 1.0 / self.comm.size
         return logistic_gamma(derivs, wd, dd, self.p.l2, self.n_weight, gmax, start=start)

@@ -4,9 +4,9 @@ With fixed shards, CoCoA's rounds can only move dual mass between examples of th
 At small ``lam N`` and shards drawn from one distribution, the slow modes of the dual are
 exactly the moves of mass *between* shards along the frequent features: both shards push the
 shared coordinates the same way, sigma' (or gamma) damps each push by K, and the duality gap
-decays sublinearly (2 ranks, 200k rows, lam N = 2: a gap of 1.5e-3 after 40 rounds, where one
-rank reaches 1e-9). Dealing the rows afresh every round turns those moves into moves inside
-one rank's subproblem, and the gap decays linearly again (2e-6 after 40 rounds).
+decays sublinearly where one rank's decays linearly. Dealing the rows afresh every round turns
+those moves into moves inside one rank's subproblem, and the gap decays linearly again
+(measurements: docs/design-notes.md).
 
 The price is memory and one longer message:
 
