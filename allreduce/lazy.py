@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
 from terascale.allreduce.communicator import Communicator
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow.fs as pafs
+
 from terascale.pipeline import durable, fsutil
 
 log = logging.getLogger("terascale.train")

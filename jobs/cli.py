@@ -147,6 +147,7 @@ def cmd_predict(args) -> int:
 def cmd_score(args) -> int:
     """Raw lines on stdin -> one score per line on stdout; no Spark (``pipeline.scorer``)."""
     import numpy as np
+
     from terascale.pipeline.scorer import MalformedLine, Scorer
 
     if args.chunk_mb < 1:

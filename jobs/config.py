@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from terascale.allreduce.ciphers import CIPHERS, DEFAULT_CIPHER
 from terascale.pipeline.redact import redact, shown
 from terascale.pipeline.sampling import CALIBRATIONS

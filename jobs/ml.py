@@ -39,6 +39,7 @@ from pyspark.ml.util import (
     MLWritable,
     MLWriter,
 )
+
 from terascale.jobs.ml_data import (
     dataframe_spec,
     is_plain_read,

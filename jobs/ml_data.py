@@ -21,6 +21,7 @@ from urllib.request import url2pathname
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
 from terascale.jobs.config import ConfigError, feature_spec, load_config
 from terascale.pipeline import fsutil
 from terascale.pipeline.manifest import MANIFEST, DatasetError, build_manifest, read_manifest

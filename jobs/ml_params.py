@@ -18,6 +18,7 @@ import json
 from typing import Any
 
 from pyspark.ml.param import Param, Params
+
 from terascale.jobs.config import Config, iter_params, load_config
 
 SECTIONS = ("train", "allreduce")  # the sections that matter for fit

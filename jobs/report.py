@@ -22,6 +22,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
+
 from terascale.pipeline import modeldir  # noqa: E402
 from terascale.pipeline.redact import redact  # noqa: E402
 

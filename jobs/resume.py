@@ -26,6 +26,7 @@ one that stands down never reaches the collective.
 from __future__ import annotations
 
 import numpy as np
+
 from terascale.allreduce.communicator import Communicator, WrappedCommunicator
 from terascale.jobs.checkpoint import CheckpointError
 

@@ -29,6 +29,7 @@ import threading
 import time
 
 import pyarrow.fs as pafs
+
 from terascale.pipeline import artifacts, durable, fsutil
 
 log = logging.getLogger("terascale.train")

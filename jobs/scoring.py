@@ -19,6 +19,7 @@ import uuid
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from terascale.pipeline import artifacts, fsutil, modeldir
 from terascale.pipeline.dataset import ShardPart, plan_shards, read_csr
 from terascale.pipeline.manifest import MANIFEST, read_manifest

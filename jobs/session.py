@@ -104,6 +104,7 @@ def _executor_defaults() -> dict[str, str]:
     keep numba's compiled kernels across applications (``pipeline.numba_cache``), and
     :data:`EXECUTOR_ENV`; and ``spark.redaction.regex``, the submitter's extended."""
     from pyspark import SparkConf, SparkContext
+
     from terascale.pipeline.numba_cache import LOCATORS
 
     SparkContext._ensure_initialized()  # the gateway spark-submit started: its --conf values

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
+
 from terascale.pipeline import durable, fsutil
 
 log = logging.getLogger("terascale.artifacts")

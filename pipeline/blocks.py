@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+
 from terascale.pipeline import fsutil
 from terascale.pipeline.criteo_kernel import (
     build_int_table,

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 from numba import njit
+
 from terascale.pipeline.hashing import murmur3_32
 from terascale.pipeline.rowkernels import (
     BAD_INTEGER,

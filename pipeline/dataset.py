@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+
 from terascale.pipeline import fsutil
 from terascale.pipeline.manifest import MANIFEST, dataset_files, read_manifest
 from terascale.pipeline.verify import Footer, check_footers, read_row_groups

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from terascale.pipeline import fsutil, groups, sampling, tokendict
 from terascale.pipeline.blocks import BlockParser, LongLine, Piece, iter_blocks
 from terascale.pipeline.rowkernels import LINE_TOO_LONG, REASONS

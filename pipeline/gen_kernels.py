@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 from numba import njit
+
 from terascale.pipeline.rowkernels import write_int
 
 MASK32 = 0xFFFFFFFF

@@ -88,6 +88,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from terascale.pipeline import gen_kernels as K
 from terascale.pipeline.spec import bucket
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import uuid
 
 import numpy as np
+
 from terascale.pipeline import fsutil
 from terascale.pipeline.manifest import DatasetError
 from terascale.pipeline.spec import FeatureSpec

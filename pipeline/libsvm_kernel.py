@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
 from terascale.pipeline.rowkernels import (
     BAD_LABEL,
     EMPTY_LINE,

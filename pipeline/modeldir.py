@@ -14,6 +14,7 @@ import json
 import uuid
 
 import numpy as np
+
 from terascale.pipeline import artifacts, fsutil
 from terascale.pipeline.manifest import terascale_version
 from terascale.pipeline.redact import redact

@@ -13,6 +13,7 @@ dictionary is a :class:`~pipeline.modeldir.ModelError`), False lists buckets onl
 from __future__ import annotations
 
 import numpy as np
+
 from terascale.pipeline import fsutil, modeldir, tokendict
 from terascale.pipeline.pointer import resolve_model
 from terascale.pipeline.sampling import model_negative_rate

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 
 import numpy as np
+
 from terascale.pipeline import fsutil, modeldir
 from terascale.pipeline.redact import redact_text
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
+
 from terascale.pipeline import modeldir
 from terascale.pipeline.blocks import BlockParser
 from terascale.pipeline.pointer import resolve_model

@@ -21,6 +21,7 @@ import uuid
 from dataclasses import asdict, replace
 
 import numpy as np
+
 from terascale.pipeline import artifacts, fsutil, groups, tokendict
 from terascale.pipeline.blocks import Piece, align_range
 from terascale.pipeline.featurize_task import MalformedInput, TaskOptions, run_task

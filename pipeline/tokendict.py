@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
+
 from terascale.pipeline import fsutil
 from terascale.pipeline.sampling import _mix64
 from terascale.pipeline.spec import FeatureSpec, int_token

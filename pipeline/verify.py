@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from terascale.pipeline import fsutil
 from terascale.pipeline.manifest import DatasetError
 

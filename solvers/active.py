@@ -21,6 +21,7 @@ float32 per feature (1.1 MB instead of 16.8 MB at bits 22, K = 2).
 from __future__ import annotations
 
 import numpy as np
+
 from terascale.allreduce.communicator import Communicator
 from terascale.solvers.kernels.features import (
     count_features,

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
 from terascale.allreduce.communicator import Communicator
 from terascale.solvers.catalogue import SOLVERS, SolverSpec, loss_spec, register_solver, solver_spec
 from terascale.solvers.data import NO_GROUP, CSRData

@@ -29,6 +29,7 @@ the bytes of the online phase's only large collective.
 from __future__ import annotations
 
 import numpy as np
+
 from terascale.allreduce.communicator import Communicator
 from terascale.solvers.kernels.online import pack_for_average, unpack_average
 

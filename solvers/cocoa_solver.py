@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from terascale.solvers.errors import InvalidInputError
 from terascale.solvers.params import SolverParams
 from terascale.solvers.run import TrainResult, TrainRun

@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from terascale.solvers.active import ActiveFeatures
 from terascale.solvers.catalogue import loss_by_id
 from terascale.solvers.errors import DivergenceError, InvalidInputError

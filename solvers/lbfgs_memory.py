@@ -19,6 +19,7 @@ use :mod:`solvers.kernels.vector` (fixed order), so every rank computes the same
 from __future__ import annotations
 
 import numpy as np
+
 from terascale.solvers.kernels.vector import axpy, dot, pair_products, store_pair
 
 _CURVATURE_EPS = 1e-12

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+
 from terascale.solvers.active import ActiveFeatures
 from terascale.solvers.kernels import coarse as KC
 from terascale.solvers.kernels import objective as K

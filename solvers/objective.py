@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
 from terascale.allreduce.communicator import Communicator
 from terascale.solvers.errors import DivergenceError
 from terascale.solvers.kernels import objective as K

@@ -16,6 +16,7 @@ raises DivergenceError on every rank.
 from __future__ import annotations
 
 import numpy as np
+
 from terascale.solvers.active import ActiveFeatures, agree_marks
 from terascale.solvers.averaging import average_online_state
 from terascale.solvers.errors import DivergenceError

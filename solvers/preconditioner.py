@@ -24,6 +24,7 @@ LDLᵀ with pivots floored at 1e-12·max E_gg) and applies the same arithmetic: 
 from __future__ import annotations
 
 import numpy as np
+
 from terascale.allreduce.communicator import Communicator
 from terascale.solvers.data import NO_GROUP
 from terascale.solvers.kernels import coarse as C

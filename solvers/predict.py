@@ -4,6 +4,7 @@ sigmoid), and the terms of the catalogue's objective f(β, b) on scored rows."""
 from __future__ import annotations
 
 import numpy as np
+
 from terascale.solvers.catalogue import loss_spec
 from terascale.solvers.data import CSRData
 from terascale.solvers.kernels.objective import margin_loss_sum, margins

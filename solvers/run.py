@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from terascale.allreduce.communicator import Communicator
 from terascale.solvers.objective import DistributedObjective
 from terascale.solvers.params import SolverParams

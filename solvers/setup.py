@@ -16,6 +16,7 @@ rank is left waiting in a collective. It also yields the totals of the mean-form
 from __future__ import annotations
 
 import numpy as np
+
 from terascale.allreduce.communicator import Communicator, WrappedCommunicator
 from terascale.solvers.data import CSRData
 from terascale.solvers.errors import InvalidInputError, NonFiniteInputError

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from terascale.solvers.params import SolverParams
 
 #: 2: the L-BFGS phase's arrays (``lbfgs_S``/``lbfgs_Y``/``lbfgs_grad``/``lbfgs_inv_diag``) are

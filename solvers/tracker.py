@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 import numpy as np
+
 from terascale.allreduce.communicator import Communicator
 from terascale.solvers.errors import DivergenceError
 from terascale.solvers.objective import shard_sums

@@ -17,6 +17,7 @@ import logging
 import threading
 
 import numpy as np
+
 from terascale.allreduce.communicator import LocalCommunicator
 from terascale.solvers.data import CSRData
 from terascale.solvers.params import SolverParams

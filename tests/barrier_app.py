@@ -14,6 +14,7 @@ import sys
 import time
 
 import numpy as np
+
 from terascale.allreduce.spark import NetConf, run_barrier
 from terascale.pipeline.spark_errors import spark_error_summary
 

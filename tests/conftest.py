@@ -40,6 +40,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def spark():
     from pyspark.sql import SparkSession
+
     from terascale.jobs.session import EXECUTOR_ENV
 
     s = (

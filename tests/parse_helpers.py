@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from terascale.pipeline.blocks import BlockParser
 from terascale.pipeline.rowkernels import REASONS
 from terascale.pipeline.spec import FeatureSpec

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from terascale.allreduce.spark import BarrierError, NetConf, preflight, run_barrier
 from terascale.pipeline.spark_errors import spark_error_summary
 

@@ -9,11 +9,11 @@ import threading
 
 import numpy as np
 import pytest
+
 from terascale.allreduce.protocol import new_key
 from terascale.jobs import checkpoint
 from terascale.jobs.checkpoint import CheckpointError, CorruptCheckpoint, Superseded
 from terascale.jobs.resume import ResumeAgreement, ResumeRestart, decide
-
 from tests.allreduce.harness import FAST, NODE_DEFAULTS, run_tree
 
 
@@ -180,7 +180,6 @@ def test_a_task_of_the_previous_attempt_cannot_join_the_new_attempts_tree():
 def test_a_checkpoint_that_does_not_fit_the_run_is_a_checkpoint_error(tmp_path):
     from terascale.jobs.train_task import Inject, TaskSpec, _resume
     from terascale.solvers.api import SolverParams
-
     from tests.solvers.helpers import keep, planted_problem, train_local
 
     data = planted_problem(n=200, d=20)

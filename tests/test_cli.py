@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from terascale.jobs.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from terascale.jobs.config import Config, ConfigError, all_keys, load_config, render_yaml
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+
 from terascale.jobs.config import CRITEO_FIELDS, load_config
 from terascale.pipeline.dataset import plan_shards, read_csr, read_dataset
 from terascale.pipeline.generate import generate_clicklogs

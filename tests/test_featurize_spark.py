@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+
 from terascale.jobs.config import CRITEO_FIELDS, load_config
 from terascale.pipeline.artifacts import OutputError
 from terascale.pipeline.fsutil import InputError

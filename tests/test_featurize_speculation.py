@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from terascale.pipeline.generate import generate_clicklogs
 
+from terascale.pipeline.generate import generate_clicklogs
 from tests.cluster.standalone import StandaloneCluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -57,7 +57,6 @@ def _attempts(events_dir: Path, output: str) -> list[dict]:
 def test_a_speculative_copy_neither_duplicates_nor_loses_rows(spark, tmp_path):
     from terascale.jobs.config import load_config
     from terascale.pipeline.spark_featurize import run_featurize
-
     from tests.speculation_app import SPEC
 
     raw = tmp_path / "raw"

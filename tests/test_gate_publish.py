@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from terascale.jobs.cli import _model_path, _warm_start, main
 from terascale.jobs.config import load_config
 from terascale.pipeline import modeldir

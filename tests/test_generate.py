@@ -14,6 +14,7 @@ import re
 
 import numpy as np
 import pytest
+
 from terascale.pipeline import gen_kernels as K
 from terascale.pipeline import generate as G
 from terascale.pipeline import spec

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+
 from terascale.jobs.config import CRITEO_FIELDS, load_config
 from terascale.pipeline.blocks import BlockParser
 from terascale.pipeline.generate import generate_clicklogs

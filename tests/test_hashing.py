@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmh3
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+
 from terascale.pipeline.hashing import hash_tokens
 from terascale.pipeline.spec import hash_index
 

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from terascale.jobs.train_task import Inject, TaskSpec, _read
 from terascale.pipeline.dataset import ShardPart, holdout_mask, plan_shards
 from terascale.solvers.params import SolverParams

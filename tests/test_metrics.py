@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score, log_loss, roc_auc_score
+
 from terascale.solvers.metrics import BinaryMetrics
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from terascale.jobs.config import CRITEO_FIELDS, Config, ConfigError, iter_params, load_config
 from terascale.jobs.ml import TerascaleClassifier, TerascaleModel
 from terascale.jobs.ml_params import PARAM_KEYS, param_name

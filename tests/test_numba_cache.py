@@ -71,7 +71,6 @@ def test_the_test_run_itself_uses_the_package_hash_locator():
     """conftest enables the locator before numba is imported, so an edited callee can never
     leave the tests running a caller's stale cached code."""
     from terascale.solvers.scd import dual_kernels
-
     from tests.conftest import NUMBA_LOCATORS
 
     assert NUMBA_LOCATORS == LOCATORS

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from terascale.jobs import run_checkpoints, session
 from terascale.jobs.cli import main
 from terascale.jobs.config import load_config

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+
 from terascale.jobs.config import feature_spec, load_config
 from terascale.jobs.scoring import predict
 from terascale.pipeline import artifacts, modeldir

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+
 from terascale.jobs.config import CRITEO_FIELDS, CRITEO_INT_FIELDS
 from terascale.pipeline.criteo_kernel import INT_TABLE_HI, INT_TABLE_LO, bucket_of
 from terascale.pipeline.rowkernels import POW10, parse_float
 from terascale.pipeline.spec import FeatureSpec, bucket, criteo_tokens, indices_values
-
 from tests.parse_helpers import parse_bytes
 
 SPEC = FeatureSpec(fields=CRITEO_FIELDS, bits=20, seed=3)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from terascale.pipeline.blocks import align_range
 from terascale.pipeline.fsutil import InputFile
 from terascale.pipeline.plan import assign, output_files, plan_ranges

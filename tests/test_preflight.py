@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from terascale.jobs import preflight
 from terascale.jobs.cli import main
 from terascale.jobs.config import CRITEO_FIELDS, load_config

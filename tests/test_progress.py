@@ -8,6 +8,7 @@ import logging
 import time
 
 import pytest
+
 from terascale.allreduce.client import ServerSession
 from terascale.allreduce.protocol import new_key
 from terascale.allreduce.server import TreeServer

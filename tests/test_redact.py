@@ -7,6 +7,7 @@ import logging
 import re
 
 import pytest
+
 from terascale.pipeline.redact import (
     SECRET,
     SPARK_DEFAULT_REDACTION_REGEX,

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from terascale.jobs.config import CRITEO_FIELDS, ConfigError, load_config
 from terascale.pipeline import sampling
 from terascale.pipeline.blocks import Piece

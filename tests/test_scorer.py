@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from terascale.jobs.config import CRITEO_FIELDS, load_config
 from terascale.jobs.scoring import evaluate, predict
 from terascale.jobs.train_job import run_train

@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from terascale.jobs.config import CRITEO_FIELDS, ConfigError, load_config, render_yaml
 from terascale.jobs.train_job import run_train
 from terascale.pipeline import tokendict

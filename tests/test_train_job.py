@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+
 from terascale.jobs.config import CRITEO_FIELDS, load_config
 from terascale.jobs.scoring import evaluate, predict
 from terascale.jobs.train_job import TrainError, run_train

@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 from numba import njit
+
 from terascale.solvers.kernels.losses import loss_curvature
 from terascale.solvers.kernels.objective import BAD_MARGIN, OK
 from terascale.solvers.kernels.sampling import next_sampled

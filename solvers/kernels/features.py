@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
 from terascale.solvers.kernels.prefetch import prefetch_row
 
 

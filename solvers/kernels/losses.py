@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 
 from numba import njit
+
 from terascale.solvers.catalogue import HINGE, LOGISTIC, LOSS_IDS, SQUARED, SQUARED_HINGE
 
 __all__ = ["HINGE", "LOGISTIC", "LOSS_IDS", "SQUARED", "SQUARED_HINGE", "invariant_scalar", "logistic_terms",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 from numba import njit
+
 from terascale.solvers.kernels.losses import (
     LOGISTIC,
     logistic_terms,

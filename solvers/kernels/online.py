@@ -34,6 +34,7 @@ import math
 
 import numpy as np
 from numba import njit
+
 from terascale.solvers.kernels.losses import (
     LOGISTIC,
     invariant_scalar,

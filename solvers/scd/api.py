@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+
 from terascale.allreduce.communicator import Communicator
 from terascale.solvers.data import CSRData
 from terascale.solvers.scd.dual_problem import DualProblem

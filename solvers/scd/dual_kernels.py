@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
+
 from terascale.solvers.kernels.prefetch import prefetch_row
 from terascale.solvers.scd.losses import clamp_dual, dual_step, dual_value, primal_loss
 

@@ -20,6 +20,7 @@ import abc
 import math
 
 import numpy as np
+
 from terascale.allreduce.communicator import Communicator
 from terascale.solvers.data import CSRData
 from terascale.solvers.scd.dual_kernels import (

@@ -25,6 +25,7 @@ from __future__ import annotations
 import abc
 
 import numpy as np
+
 from terascale.solvers.catalogue import loss_by_id
 from terascale.solvers.data import CSRData
 from terascale.solvers.scd.gpu_device import (

@@ -28,6 +28,7 @@ crosses only in ``snapshot`` (a checkpoint) and ``restore``, and the primal mode
 from __future__ import annotations
 
 import numpy as np
+
 from terascale.allreduce.communicator import Communicator
 from terascale.solvers.data import CSRData
 from terascale.solvers.scd.dual_kernels import axpy, scaled_difference

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 
 from numba import cuda, float64
+
 from terascale.solvers.catalogue import HINGE, LOGISTIC, SQUARED, SQUARED_HINGE
 from terascale.solvers.scd.gpu_kernels import B_EPS
 

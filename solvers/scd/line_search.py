@@ -54,6 +54,7 @@ from collections.abc import Callable
 
 import numpy as np
 from numba import njit
+
 from terascale.solvers.scd.losses import B_EPS, dual_line_terms, sign_label
 
 _NEWTON_MAX_ITER = 60

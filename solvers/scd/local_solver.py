@@ -19,6 +19,7 @@ import contextlib
 
 import numba
 import numpy as np
+
 from terascale.solvers.active import ActiveFeatures
 from terascale.solvers.data import CSRData
 from terascale.solvers.scd.dual_kernels import (

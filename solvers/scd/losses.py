@@ -49,6 +49,7 @@ from __future__ import annotations
 import math
 
 from numba import njit
+
 from terascale.solvers.catalogue import HINGE, LOGISTIC, SQUARED, SQUARED_HINGE, loss_spec
 
 __all__ = ["B_EPS", "HINGE", "LOGISTIC", "SQUARED", "SQUARED_HINGE", "clamp_dual", "dual_line_terms", "dual_lower",

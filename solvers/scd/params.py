@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import numpy as np
+
 from terascale.solvers.catalogue import LOSSES
 from terascale.solvers.constraints import ConfigError, Interval, OneOf, check_fields
 from terascale.solvers.constraints import param as _p

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from terascale.allreduce.communicator import Communicator
 from terascale.solvers.data import CSRData
 from terascale.solvers.scd.primal_kernels import csc_count, csc_fill, filter_owned

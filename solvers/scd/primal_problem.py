@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 
 import numpy as np
+
 from terascale.allreduce.communicator import Communicator
 from terascale.solvers.data import CSRData
 from terascale.solvers.scd.dual_kernels import axpy, scaled_difference

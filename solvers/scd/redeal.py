@@ -25,6 +25,7 @@ Use it when the whole data set fits in one worker's memory; fixed shards otherwi
 from __future__ import annotations
 
 import numpy as np
+
 from terascale.allreduce.communicator import Communicator
 from terascale.solvers.data import CSRData
 from terascale.solvers.scd.dual_kernels import apply_dual_step, axpy, objective_sums_rows

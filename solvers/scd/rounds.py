@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
+
 from terascale.allreduce.communicator import Communicator
 from terascale.solvers.scd.params import CocoaParams, CocoaState
 from terascale.solvers.scd.timing import RoundClock

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
 from terascale.allreduce.node import TreeNode
 from terascale.allreduce.protocol import new_key
 from terascale.allreduce.server import TreeServer

@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
 from terascale.allreduce import ciphers
 from terascale.allreduce import protocol as proto
 from terascale.allreduce.channel import Channel, client_handshake, server_handshake
@@ -15,7 +16,6 @@ from terascale.allreduce.client import ServerSession
 from terascale.allreduce.errors import AuthError, ProtocolError
 from terascale.allreduce.protocol import MsgType
 from terascale.allreduce.server import TreeServer
-
 from tests.allreduce.harness import FAST
 
 CIPHERS = list(ciphers.CIPHERS)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+
 from terascale.allreduce import ciphers
 from terascale.allreduce import protocol as proto
 from terascale.allreduce.channel import Channel, client_handshake, server_handshake

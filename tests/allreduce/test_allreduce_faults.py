@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+
 from terascale.allreduce import protocol as proto
 from terascale.allreduce.client import ServerSession
 from terascale.allreduce.errors import (
@@ -24,7 +25,6 @@ from terascale.allreduce.errors import (
 from terascale.allreduce.node import TreeNode
 from terascale.allreduce.protocol import MsgType
 from terascale.allreduce.server import TreeServer
-
 from tests.allreduce.harness import CHUNK_BYTES, FAST, NODE_DEFAULTS, run_tree, tree_order_sum
 
 N_MULTI = 5 * (CHUNK_BYTES // 4) + 3  # several float32 chunks: exercises the pipelined path

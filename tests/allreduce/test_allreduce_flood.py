@@ -17,9 +17,9 @@ import threading
 import time
 
 import numpy as np
+
 from terascale.allreduce.node import TreeNode
 from terascale.allreduce.server import TreeServer
-
 from tests.allreduce.harness import FAST, tree_order_sum
 
 IDLE = 1000  # per kind of target: the tree server, and the ranks' listeners together

@@ -14,11 +14,11 @@ import time
 
 import numpy as np
 import pytest
+
 from terascale.allreduce.errors import PeerAborted, PeerLost, PeerTimeout
 from terascale.allreduce.node import TreeNode
 from terascale.allreduce.protocol import new_key
 from terascale.allreduce.server import TreeServer
-
 from tests.allreduce.harness import FAST, run_tree, tree_order_sum
 
 IO_TIMEOUT = 0.5

@@ -7,10 +7,10 @@ import time
 
 import numpy as np
 import pytest
+
 from terascale.allreduce.communicator import Communicator, LocalCommunicator
 from terascale.allreduce.node import TreeNode
 from terascale.allreduce.topology import build_tree, children_of, parent_of, path_to_root
-
 from tests.allreduce.harness import CHUNK_BYTES, run_tree, tree_order_sum
 
 DTYPES = (np.float32, np.float64)

@@ -39,6 +39,7 @@ def _mllib(spark, inputs: str, out: str, bits: int) -> None:
 
 def main() -> dict:
     from pyspark.sql import SparkSession
+
     from terascale.jobs.config import feature_spec, load_config
     from terascale.jobs.session import EXECUTOR_ENV
     from terascale.pipeline.spark_featurize import run_featurize

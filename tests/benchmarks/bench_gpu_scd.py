@@ -76,7 +76,6 @@ def _warm_up() -> None:
     from terascale.solvers.scd.api import train_cocoa
     from terascale.solvers.scd.gpu import train_cocoa_gpu
     from terascale.solvers.scd.params import CocoaParams
-
     from tests.benchmarks.bench_scd import click_data
 
     small = click_data(2_000)
@@ -90,7 +89,6 @@ def _warm_up() -> None:
 
 def main() -> dict:
     from terascale.solvers.scd.gpu import gpu_available
-
     from tests.benchmarks.bench_scd import click_data
 
     ok, reason = gpu_available()

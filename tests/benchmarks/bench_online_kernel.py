@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 from numba import njit
+
 from terascale.solvers.kernels.losses import LOGISTIC
 from terascale.solvers.kernels.objective import loss_grad_hess
 from terascale.solvers.kernels.online import new_state, online_pass

@@ -43,6 +43,7 @@ import time
 from typing import Any
 
 import numpy as np
+
 from terascale.solvers.data import CSRData
 
 TARGET_ROWS = 2_000_000
@@ -70,7 +71,6 @@ def click_data(rows: int, seed: int = SEED) -> CSRData:
     from terascale.jobs.config import CRITEO_FIELDS
     from terascale.pipeline.blocks import BlockParser
     from terascale.pipeline.spec import FeatureSpec
-
     from tests.benchmarks.common import generated_logs
 
     folder = generated_logs(rows, 1, seed)
@@ -93,7 +93,6 @@ def run_cocoa(data: CSRData, k: int, params) -> Any:
     """train_cocoa on k ranks: LocalCommunicator for 1, else TreeNodes in threads. Rank 0's result."""
     from terascale.allreduce.communicator import LocalCommunicator
     from terascale.solvers.scd import train_cocoa
-
     from tests.allreduce.harness import run_tree
 
     if k == 1:

@@ -123,6 +123,7 @@ def _mllib(spark, train_dir, lam):
 
 def _session(name: str):
     from pyspark.sql import SparkSession
+
     from terascale.jobs.session import EXECUTOR_ENV
 
     spark = (SparkSession.builder.master("local[2]").appName(name).config("spark.ui.enabled", "false")

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 from numba import njit
+
 from terascale.pipeline.rowkernels import write_int
 
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+
 from terascale.pipeline.blocks import BlockParser
 from terascale.pipeline.spec import FeatureSpec
 from terascale.solvers.data import CSRData
-
 from tests.allreduce.harness import run_tree
 
 NODE_KWARGS = {"chunk_bytes": 1 << 16}

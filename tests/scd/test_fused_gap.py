@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from terascale.allreduce.communicator import LocalCommunicator
 from terascale.solvers.catalogue import LOSSES
 from terascale.solvers.scd import CocoaParams, train_cocoa
@@ -17,7 +18,6 @@ from terascale.solvers.scd.dual_kernels import (
 )
 from terascale.solvers.scd.local_solver import DualLocalSolver
 from terascale.solvers.scd.losses import dual_value, loss_code
-
 from tests.scd.helpers import make_data, objective
 
 LAM = 1e-2

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from terascale.solvers.catalogue import LOSSES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,10 +53,10 @@ def _one_epoch_matches(loss: str) -> float:
     """Max |difference| between one simulated TPA-SCD epoch (one block per row, blocks run in
     order by the simulator) and the sequential CPU epoch over the same permutation."""
     from numba import cuda
+
     from terascale.solvers.scd import gpu_kernels as gk
     from terascale.solvers.scd.dual_kernels import dual_epoch, row_sq_norms
     from terascale.solvers.scd.losses import loss_code
-
     from tests.scd.helpers import make_data
 
     d = make_data(loss, n=60, d=20, seed=3, weighted=True)
@@ -79,11 +80,11 @@ def _one_epoch_matches(loss: str) -> float:
 
 def _primal_epoch_matches() -> float:
     from numba import cuda
+
     from terascale.allreduce.communicator import LocalCommunicator
     from terascale.solvers.scd import gpu_kernels as gk
     from terascale.solvers.scd.partition import feature_block
     from terascale.solvers.scd.primal_kernels import col_sq_norms, primal_epoch
-
     from tests.scd.helpers import make_data
 
     d = make_data("squared", n=60, d=20, seed=4, weighted=True)
@@ -108,6 +109,7 @@ def _primal_epoch_matches() -> float:
 def _permutations() -> dict:
     """The device-made epoch orders: permutations, equal to the numpy twin, keyed per epoch."""
     from numba import cuda
+
     from terascale.solvers.scd.gpu_shuffle import (
         domain_bits,
         epoch_keys,
@@ -172,7 +174,6 @@ def _same_state(loss: str, formulation: str, lam: float) -> dict:
     from terascale.solvers.scd.api import FORMULATIONS
     from terascale.solvers.scd.gpu_problem import make_gpu_problem
     from terascale.solvers.scd.params import CocoaParams
-
     from tests.scd.helpers import make_data
 
     d = make_data(loss, n=ROWS, d=COLS, seed=2, weighted=True)
@@ -218,7 +219,6 @@ def _train_case(loss: str, formulation: str, lam: float, max_rounds: int, tol: f
     from terascale.solvers.scd.api import train_cocoa
     from terascale.solvers.scd.gpu import train_cocoa_gpu
     from terascale.solvers.scd.params import CocoaParams
-
     from tests.scd.helpers import make_data, model_vector, objective
 
     d = make_data(loss, n=ROWS, d=COLS, seed=1, weighted=True)
@@ -242,7 +242,6 @@ def _two_ranks(loss: str, formulation: str, empty: int | None) -> dict:
     from terascale.solvers.scd.api import train_cocoa
     from terascale.solvers.scd.gpu import train_cocoa_gpu
     from terascale.solvers.scd.params import CocoaParams
-
     from tests.scd.helpers import make_data, run_ranks, split_rows
 
     d = make_data(loss, n=ROWS, d=COLS, seed=3)
@@ -265,7 +264,6 @@ def _resume(loss: str, formulation: str) -> dict:
     from terascale.allreduce.communicator import LocalCommunicator
     from terascale.solvers.scd.gpu import train_cocoa_gpu
     from terascale.solvers.scd.params import CocoaParams
-
     from tests.scd.helpers import make_data
 
     d = make_data(loss, n=ROWS, d=COLS, seed=4, weighted=True)
@@ -287,7 +285,6 @@ def _traffic(loss: str, formulation: str, rows: int) -> dict:
     from terascale.solvers.scd.api import train_cocoa
     from terascale.solvers.scd.gpu_problem import make_gpu_problem
     from terascale.solvers.scd.params import CocoaParams
-
     from tests.scd.helpers import make_data
 
     d = make_data(loss, n=rows, d=COLS, seed=5)
@@ -463,7 +460,6 @@ def test_without_a_gpu_falls_back_to_the_cpu_solver_or_raises(monkeypatch):
     from terascale.solvers.scd import gpu
     from terascale.solvers.scd.api import train_cocoa
     from terascale.solvers.scd.params import CocoaParams
-
     from tests.scd.helpers import make_data
 
     monkeypatch.setattr(gpu, "gpu_available", lambda: (False, "no device in this test"))

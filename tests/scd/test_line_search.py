@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from scipy.optimize import minimize_scalar
+
 from terascale.allreduce.communicator import LocalCommunicator
 from terascale.solvers.catalogue import LOSSES
 from terascale.solvers.scd import CocoaParams, train_cocoa
@@ -25,7 +26,6 @@ from terascale.solvers.scd.line_search import (
 from terascale.solvers.scd.local_solver import DualLocalSolver, PrimalLocalSolver
 from terascale.solvers.scd.losses import loss_code
 from terascale.solvers.scd.partition import FeatureBlock, feature_block
-
 from tests.scd.helpers import dense_augmented, make_data, objective
 
 LAM = 1e-2

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from terascale.solvers.data import CSRData
 from terascale.solvers.scd.dual_kernels import dual_epoch, dual_epoch_buckets, row_sq_norms
 from terascale.solvers.scd.local_solver import DualLocalSolver, _Schedule, epoch_rng, numba_threads
 from terascale.solvers.scd.losses import loss_code
-
 from tests.scd.helpers import make_data
 
 LAM = 1e-2

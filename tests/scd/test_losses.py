@@ -10,6 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize_scalar
+
 from terascale.solvers.catalogue import LOSSES
 from terascale.solvers.scd.losses import (
     B_EPS,

@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 import pytest
+
 from terascale.allreduce.communicator import LocalCommunicator
 from terascale.solvers.data import CSRData
 from terascale.solvers.scd import CocoaParams, train_cocoa
-
 from tests.scd.helpers import make_data
 
 

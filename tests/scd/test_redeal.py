@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from terascale.allreduce.communicator import LocalCommunicator
 from terascale.solvers.catalogue import LOSSES
 from terascale.solvers.data import CSRData
 from terascale.solvers.scd import CocoaParams, train_cocoa
 from terascale.solvers.scd.local_solver import _Schedule
 from terascale.solvers.scd.redeal import gather_rows
-
 from tests.scd.helpers import (
     make_data,
     model_vector,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from terascale.allreduce.communicator import LocalCommunicator
 from terascale.solvers.scd import CocoaParams, train_cocoa
-
 from tests.scd.helpers import make_data, run_and_resume, split_rows
 
 _TRACE = ("round", "primal", "dual", "gap", "gamma")

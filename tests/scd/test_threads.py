@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from terascale.allreduce.communicator import LocalCommunicator
 from terascale.solvers.catalogue import LOSSES
 from terascale.solvers.scd import CocoaParams, train_cocoa
-
 from tests.scd.helpers import dense_augmented, make_data
 
 LAM = 1e-2

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from terascale.allreduce.communicator import LocalCommunicator
 from terascale.solvers.catalogue import LOSSES
 from terascale.solvers.scd import CocoaParams, train_cocoa
-
 from tests.scd.helpers import (
     breast_cancer,
     diabetes,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+
 from terascale.allreduce.communicator import LocalCommunicator
 from terascale.solvers.api import SolverParams, train
 from terascale.solvers.data import CSRData
 from terascale.solvers.state import copy_state
-
 from tests.allreduce.harness import run_tree
 
 # Real TreeNodes, but chunks big enough that small vectors go in a few frames, and timeouts

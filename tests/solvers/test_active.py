@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from terascale.allreduce.communicator import LocalCommunicator
 from terascale.solvers.active import ActiveFeatures, _word_layout, agree_marks
 from terascale.solvers.api import SolverParams
@@ -18,7 +19,6 @@ from terascale.solvers.setup import AgreeingCommunicator, Inputs
 from terascale.solvers.shard import Shard
 from terascale.solvers.state import check_resume
 from terascale.solvers.tracker import PassTracker
-
 from tests.allreduce.harness import run_tree
 from tests.solvers.helpers import TREE_NODE_KWARGS, binary_rows, keep, planted_problem, train_local
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 import terascale.solvers.objective as solver_objective
 from terascale.allreduce.communicator import LocalCommunicator
 from terascale.solvers.api import SolverParams, train
-
 from tests.solvers.helpers import keep, planted_problem, train_local
 
 

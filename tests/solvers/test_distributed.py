@@ -8,11 +8,11 @@ import time
 
 import numpy as np
 import pytest
+
 from terascale.solvers.api import SolverParams, train
 from terascale.solvers.kernels.losses import LOSS_IDS
 from terascale.solvers.kernels.online import G, W, new_state, online_pass
 from terascale.solvers.shard import Shard
-
 from tests.allreduce.harness import run_tree
 from tests.solvers.helpers import (
     TREE_NODE_KWARGS,

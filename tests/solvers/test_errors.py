@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from terascale.solvers.api import SolverParams, train
 from terascale.solvers.data import CSRData
 from terascale.solvers.errors import DivergenceError, InvalidInputError, NonFiniteInputError
-
 from tests.allreduce.harness import run_tree
 from tests.solvers.helpers import TREE_NODE_KWARGS, planted_problem, split_rows, train_local
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from terascale.solvers.api import SolverParams
 from terascale.solvers.data import CSRData
-
 from tests.solvers.helpers import (
     keep,
     objective_np,

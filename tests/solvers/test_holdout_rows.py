@@ -11,6 +11,7 @@ import hashlib
 import numpy as np
 import pytest
 import scipy.sparse as sp
+
 from terascale.solvers.data import CSRData
 from terascale.solvers.holdout import GOLDEN, held_out, mix64, row_hashes, threshold
 

@@ -8,12 +8,12 @@ import io
 
 import numpy as np
 import pytest
+
 from terascale.pipeline.blocks import BlockParser
 from terascale.pipeline.spec import FeatureSpec
 from terascale.solvers.api import SolverParams
 from terascale.solvers.data import CSRData
 from terascale.solvers.linesearch import strong_wolfe
-
 from tests.solvers.helpers import (
     objective_np,
     planted_problem,

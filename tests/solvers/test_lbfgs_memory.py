@@ -5,6 +5,7 @@ reference."""
 from __future__ import annotations
 
 import numpy as np
+
 from terascale.solvers.kernels.vector import dot, pair_products
 from terascale.solvers.lbfgs_memory import LBFGSMemory
 from terascale.solvers.preconditioner import Jacobi, TwoLevel

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from terascale.allreduce.communicator import LocalCommunicator
 from terascale.solvers.active import ActiveFeatures
 from terascale.solvers.api import SolverParams
@@ -16,7 +17,6 @@ from terascale.solvers.kernels.losses import LOSS_IDS
 from terascale.solvers.local_table import LocalTable
 from terascale.solvers.objective import shard_sums, table_sums
 from terascale.solvers.shard import Shard
-
 from tests.solvers.helpers import binary_rows, copy_data, objective_np, planted_problem, train_local
 
 

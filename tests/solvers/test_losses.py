@@ -10,6 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.integrate import solve_ivp
+
 from terascale.solvers.catalogue import LOSSES
 from terascale.solvers.kernels.losses import (
     HINGE,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from terascale.allreduce.communicator import LocalCommunicator
 from terascale.solvers import objective as obj_mod
 from terascale.solvers.catalogue import LOSSES
@@ -17,7 +18,6 @@ from terascale.solvers.objective import DistributedObjective
 from terascale.solvers.predict import decision_function, predict_proba
 from terascale.solvers.setup import Inputs
 from terascale.solvers.shard import Shard
-
 from tests.solvers.helpers import loss_np, objective_np, planted_problem
 
 L2 = 0.03

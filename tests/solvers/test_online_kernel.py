@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from scipy.integrate import solve_ivp
+
 from terascale.solvers.data import CSRData
 from terascale.solvers.kernels.losses import LOSS_IDS, loss_derivative, loss_value
 from terascale.solvers.kernels.online import (

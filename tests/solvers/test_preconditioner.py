@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from terascale.allreduce.communicator import LocalCommunicator
 from terascale.solvers.active import ActiveFeatures
 from terascale.solvers.api import SolverParams
@@ -17,7 +18,6 @@ from terascale.solvers.kernels.sampling import SAMPLE_RUN
 from terascale.solvers.local_table import LocalTable
 from terascale.solvers.preconditioner import TwoLevel, coarse_matrix, compact_groups
 from terascale.solvers.shard import Shard
-
 from tests.solvers.helpers import (
     keep,
     loss_np,

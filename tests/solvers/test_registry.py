@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from terascale.solvers.api import SOLVERS, SolverParams, SolverSpec, register_solver
 from terascale.solvers.catalogue import COMMON
-
 from tests.solvers.helpers import keep, planted_problem, train_local
 
 

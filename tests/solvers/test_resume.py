@@ -9,9 +9,9 @@ import json
 
 import numpy as np
 import pytest
+
 from terascale.solvers.api import SolverParams
 from terascale.solvers.state import copy_state, split_arrays
-
 from tests.solvers.helpers import (
     copy_data,
     keep,

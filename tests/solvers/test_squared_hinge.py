@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from terascale.solvers.api import SolverParams
 
+from terascale.solvers.api import SolverParams
 from tests.solvers.helpers import (
     objective_np,
     planted_problem,
