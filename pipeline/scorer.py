@@ -34,6 +34,7 @@ from terascale.pipeline.pointer import resolve_model
 from terascale.pipeline.rowkernels import REASONS
 from terascale.pipeline.sampling import logit_shift, model_negative_rate
 from terascale.pipeline.spec import FeatureSpec
+from terascale.solvers.catalogue import loss_spec
 from terascale.solvers.data import CSRData
 from terascale.solvers.predict import decision_function, sigmoid
 
@@ -76,7 +77,7 @@ class Scorer:
 
     @property
     def column(self) -> str:
-        return "probability" if self.loss == "logistic" else "score"
+        return "probability" if loss_spec(self.loss).link == "sigmoid" else "score"
 
     def predict_block(self, data: bytes | np.ndarray, skip_bad: bool = False, first_line: int = 1) -> np.ndarray:
         """Scores (float64) of every line in ``data`` (whole lines, ``\\n``-separated; a last
@@ -95,7 +96,7 @@ class Scorer:
         n = pb.labels.shape[0]
         csr = CSRData(pb.indptr, pb.indices, pb.values, pb.labels, np.ones(n, np.float32), self._n_features)
         m = decision_function(csr, self.weights, self.intercept)
-        scores = sigmoid(m, self.logit_shift) if self.loss == "logistic" else m
+        scores = sigmoid(m, self.logit_shift) if loss_spec(self.loss).link == "sigmoid" else m
         if not bad.any():
             return scores
         out = np.full(pb.n_lines, np.nan)
