@@ -12,6 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from terascale.allreduce.communicator import Communicator
+from terascale.solvers.catalogue import loss_spec
 from terascale.solvers.data import CSRData
 from terascale.solvers.scd.dual_problem import DualProblem
 from terascale.solvers.scd.params import CocoaParams, CocoaResult, CocoaState
@@ -34,7 +35,7 @@ def check_shard(data: CSRData, params: CocoaParams) -> None:
         raise ValueError("importance weights must be finite and > 0")
     if not np.all(np.isfinite(data.labels)):
         raise ValueError("labels must be finite")
-    if params.loss != "squared" and not np.all((data.labels == 0.0) | (data.labels == 1.0)):
+    if loss_spec(params.loss).check_labels(data.labels) >= 0:
         raise ValueError(f"loss {params.loss!r} takes labels 0 or 1")
 
 
