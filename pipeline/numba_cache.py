@@ -6,9 +6,9 @@ file. On a cluster terascale's code arrives per application (``--py-files`` zip,
 new, every executor of every application recompiles every kernel, and stale caches pile up.
 :class:`StableLocator` keys the cache on the module's import name instead
 (``terascale.pipeline.hashing`` -> ``<root>/terascale/pipeline/hashing``) and on one hash of the
-sources of every module of terascale's packages, read through the package's resources
+sources of every module of terascale's kernel packages (pipeline, solvers), read through the package's resources
 (files or zip archives alike): the same code finds the same cache in the next application on
-that node, and any change to terascale misses it. A namespace-wide hash, not the module's own:
+that node, and any change to them misses it. A package-wide hash, not the module's own:
 numba compiles the kernels a kernel calls into its cached code (``criteo_kernel`` embeds
 ``hashing.murmur3_32``), so a change to a callee must invalidate its callers too.
 
@@ -60,13 +60,15 @@ def package_digest(top: str) -> str | None:
     return h.hexdigest()
 
 
-#: terascale's packages: a kernel may call njit code of any of them (the scorer in pipeline runs
-#: the solvers' prediction kernels), so the stamp covers them all.
-PACKAGES = ("terascale.pipeline", "terascale.allreduce", "terascale.solvers", "terascale.jobs")
+#: the packages that hold numba kernels: a kernel may call njit code of either (the scorer in
+#: pipeline runs the solvers' prediction kernels), so the stamp covers both; allreduce and jobs
+#: hold none (tests/test_numba_cache.py checks), so editing them keeps the compiled kernels.
+PACKAGES = ("terascale.pipeline", "terascale.solvers")
 
 
 def namespace_digest(module_name: str) -> str | None:
-    """The stamp of a module: all of terascale's packages for its modules, else its top package."""
+    """The stamp of a module: the kernel packages (:data:`PACKAGES`) for terascale's modules,
+    else its top package."""
     if module_name.startswith("terascale."):
         parts = [package_digest(p) for p in PACKAGES]
         if None in parts:

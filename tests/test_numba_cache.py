@@ -77,3 +77,16 @@ def test_the_test_run_itself_uses_the_package_hash_locator():
     assert os.environ["NUMBA_CACHE_LOCATOR_CLASSES"] == LOCATORS
     locator = dual_kernels.dual_epoch._cache._impl._locator
     assert type(locator).__name__ == "StableLocator"
+
+
+def test_only_the_stamped_packages_hold_numba_kernels():
+    """The stamp covers pipeline and solvers only; a kernel anywhere else would keep stale code."""
+    import re
+
+    from terascale.pipeline.numba_cache import PACKAGES
+
+    stamped = {p.split(".")[1] for p in PACKAGES}
+    kernel = re.compile(r"^\s*@(numba\.)?(njit|jit|cuda\.jit|vectorize|guvectorize|stencil)\b", re.M)
+    holders = {f.relative_to(ROOT).parts[0] for top in ("pipeline", "allreduce", "solvers", "jobs")
+               for f in (ROOT / top).rglob("*.py") if kernel.search(f.read_text())}
+    assert holders and holders <= stamped, holders - stamped
