@@ -42,13 +42,20 @@ def _model(model_dir: str) -> tuple[np.ndarray, float, str]:
     return _MODEL_CACHE[model_dir]
 
 
-def _scores(csr, model_dir: str, calibration: str = "population") -> np.ndarray:
-    from terascale.solvers.predict import decision_function, predict_proba
+def _margins_and_scores(csr, model_dir: str, calibration: str = "population") -> tuple[np.ndarray, np.ndarray]:
+    """(margins, scores) of the rows: scores are probabilities for a sigmoid-link loss, else the
+    margins themselves (one pass over the rows for both)."""
+    from terascale.solvers.predict import decision_function, sigmoid
 
     w, b, loss, rate = _model(model_dir)
+    m = decision_function(csr, w, b)
     if loss_spec(loss).link != "sigmoid":
-        return decision_function(csr, w, b)
-    return predict_proba(csr, w, b, logit_shift(rate, calibration))
+        return m, m
+    return m, sigmoid(m, logit_shift(rate, calibration))
+
+
+def _scores(csr, model_dir: str, calibration: str = "population") -> np.ndarray:
+    return _margins_and_scores(csr, model_dir, calibration)[1]
 
 
 def _check(data_dir: str, model_dir: str) -> tuple[dict, dict]:
@@ -93,9 +100,9 @@ def evaluate(spark, data_dir: str, model_dir: str) -> dict:
             acc = BinaryMetrics()
             terms = (0.0, 0.0)
             if csr.n_rows:
-                acc.add(_scores(csr, model), csr.labels, csr.weights)
-                w, b, _, _ = _model(model)
-                terms = loss_terms(csr, w, b, loss)
+                margins, probs = _margins_and_scores(csr, model)
+                acc.add(probs, csr.labels, csr.weights)
+                terms = loss_terms(margins, csr.labels, csr.weights, loss)
             yield acc.to_state(), terms
 
     sc = spark.sparkContext

@@ -17,8 +17,7 @@ import uuid
 
 from terascale.allreduce.spark import BarrierError, NetConf, run_barrier
 from terascale.jobs import checkpoint, preflight
-from terascale.jobs.config import Config, to_dict
-from terascale.jobs.config import solver_params as config_solver_params
+from terascale.jobs.config import Config, solver_params, to_dict
 from terascale.jobs.progress import ProgressMonitor
 from terascale.jobs.run_checkpoints import RunCheckpoints
 from terascale.jobs.train_task import Inject, TaskSpec, run_train_task
@@ -45,10 +44,6 @@ class TrainError(RuntimeError):
     def __init__(self, message: str, attempts: list[dict] | None = None):
         super().__init__(message)
         self.attempts = list(attempts or [])
-
-
-def solver_params(cfg: Config) -> SolverParams:
-    return config_solver_params(cfg.train)
 
 
 def _progress_tty(cfg: Config) -> bool | None:
@@ -148,7 +143,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
         if diff:
             detail = ", ".join(f"{k}: model {init_meta['spec'].get(k)!r} vs data {spec.get(k)!r}" for k in diff)
             raise modeldir.ModelError(f"train.init_model {t.init_model}: its feature spec differs from the data's ({detail})")
-    params = solver_params(cfg)
+    params = solver_params(cfg.train)
     shards = plan_shards(data_dir, t.workers, manifest)
     memory = _memory_preflight(spark, cfg, manifest, shards, int(spec["bits"]), bool(init_model))
     ckpt = checkpoint_dir(cfg, model_dir)

@@ -66,7 +66,7 @@ def package_digest(top: str) -> str | None:
 PACKAGES = ("terascale.pipeline", "terascale.solvers")
 
 
-def namespace_digest(module_name: str) -> str | None:
+def kernel_digest(module_name: str) -> str | None:
     """The stamp of a module: the kernel packages (:data:`PACKAGES`) for terascale's modules,
     else its top package."""
     if module_name.startswith("terascale."):
@@ -100,7 +100,7 @@ class StableLocator(_CacheLocator):
         if "." not in name:  # scripts and top-level modules: numba's own locators
             return None
         try:
-            stamp = namespace_digest(name)
+            stamp = kernel_digest(name)
         except OSError:
             return None
         if stamp is None:

@@ -38,12 +38,10 @@ def sigmoid(m: np.ndarray, logit_shift: float = 0.0) -> np.ndarray:
     return np.where(m >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
-def loss_terms(data: CSRData, weights: np.ndarray, intercept: float, loss: str) -> tuple[float, float]:
-    """(Σᵢ wᵢ·ℓ(yᵢ, mᵢ), Σᵢ wᵢ) over the rows of ``data``: the data part of the objective, exact
-    (from the margins, no probability clipping); sums from several parts add up."""
-    m = decision_function(data, weights, intercept)
-    return float(margin_loss_sum(m, data.labels, data.weights, loss_spec(loss).id)), float(
-        data.weights.sum(dtype=np.float64))
+def loss_terms(m: np.ndarray, labels: np.ndarray, weights: np.ndarray, loss: str) -> tuple[float, float]:
+    """(Σᵢ wᵢ·ℓ(yᵢ, mᵢ), Σᵢ wᵢ) over rows with margins ``m`` (:func:`decision_function`): the data
+    part of the objective, exact (no probability clipping); sums from several parts add up."""
+    return float(margin_loss_sum(m, labels, weights, loss_spec(loss).id)), float(weights.sum(dtype=np.float64))
 
 
 def objective(loss_sum: float, weight_sum: float, weights: np.ndarray, l2: float) -> float:

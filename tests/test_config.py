@@ -100,12 +100,12 @@ def test_file_errors_name_the_file(tmp_path):
 def test_train_keys_mirror_the_solver_parameters():
     import dataclasses
 
-    from terascale.jobs.train_job import solver_params
+    from terascale.jobs.config import solver_params
     from terascale.solvers.params import SolverParams
 
     cfg = load_config([], ["train.l2=0.5", "train.solver=lbfgs", "train.shuffle=true"])
-    assert solver_params(cfg) == SolverParams(l2=0.5, solver="lbfgs", shuffle=True)
-    assert solver_params(Config()) == SolverParams()  # the defaults are the solvers' own
+    assert solver_params(cfg.train) == SolverParams(l2=0.5, solver="lbfgs", shuffle=True)
+    assert solver_params(Config().train) == SolverParams()  # the defaults are the solvers' own
     assert {f.name for f in dataclasses.fields(SolverParams)} <= {k.split(".")[1] for k in all_keys() if k.startswith("train.")}
 
 
