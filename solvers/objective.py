@@ -27,22 +27,14 @@ from terascale.solvers.setup import Inputs
 from terascale.solvers.shard import Shard
 
 EMPTY = np.zeros(0, dtype=np.float64)
-#: Rows per kernel call; ``on_rows(rows_done)`` is called after each (progress heartbeats).
-CHUNK_ROWS = 1 << 17
 _STATUS = {K.BAD_MARGIN: "non-finite margin", K.BAD_LOSS: "non-finite loss"}
 
 
-def row_chunks(n_rows: int):
-    """(start, stop) ranges of at most CHUNK_ROWS rows covering ``range(n_rows)``."""
-    for start in range(0, n_rows, CHUNK_ROWS):
-        yield start, min(start + CHUNK_ROWS, n_rows)
-
-
-def _over_chunks(n_rows: int, call, on_rows: Callable[[int], None] | None) -> tuple[float, str | None]:
-    """Run ``call(start, stop, loss_sum) -> (loss_sum, status, row)`` over the row chunks:
-    (Σ wᵢℓᵢ, problem or None)."""
+def _over_chunks(shard: Shard, call, on_rows: Callable[[int], None] | None) -> tuple[float, str | None]:
+    """Run ``call(start, stop, loss_sum) -> (loss_sum, status, row)`` over the shard's row
+    chunks (:meth:`Shard.chunks`; ``on_rows(rows_done)`` after each): (Σ wᵢℓᵢ, problem or None)."""
     total = 0.0
-    for start, stop in row_chunks(n_rows):
+    for start, stop in shard.chunks():
         total, status, row = call(start, stop, total)
         if status != K.OK:
             return total, f"{_STATUS[status]} at row {row}"
@@ -62,7 +54,7 @@ def shard_sums(shard: Shard, theta: np.ndarray, loss_id: int, grad: np.ndarray =
         return K.loss_grad_hess(s.indptr, s.indices, s.values, s.labels, s.weights, theta, loss_id,
                                 grad, hess, start, stop, total)
 
-    return _over_chunks(s.n_rows, call, on_rows)
+    return _over_chunks(s, call, on_rows)
 
 
 def table_sums(table: LocalTable, theta: np.ndarray, loss_id: int, grad: np.ndarray = EMPTY,
@@ -76,7 +68,7 @@ def table_sums(table: LocalTable, theta: np.ndarray, loss_id: int, grad: np.ndar
     def call(start: int, stop: int, total: float):
         return table.pass_rows(loss_id, want_grad, want_hess, start, stop, total)
 
-    out = _over_chunks(table.shard.n_rows, call, on_rows)
+    out = _over_chunks(table.shard, call, on_rows)
     if out[1] is None:
         table.unload(grad, hess)
     return out
@@ -177,7 +169,7 @@ class DistributedObjective:
         def call(start: int, stop: int, _: float):
             return (0.0, *table.curvature_rows(self.loss_id, start, stop, stride, sums))
 
-        problem = _over_chunks(n_rows, call, self.on_rows)[1]
+        problem = _over_chunks(table.shard, call, self.on_rows)[1]
         acc = sums[0]
         if stride > 1 and sums[1] > 0.0:
             acc *= table.shard.weight_sum() / sums[1]

@@ -32,7 +32,6 @@ from terascale.solvers.kernels.online import (
     restore_normalizers,
     zero_model_loss_sum,
 )
-from terascale.solvers.objective import row_chunks
 from terascale.solvers.run import TrainResult, TrainRun
 
 EXPLODING_FACTOR = 1e6
@@ -67,12 +66,13 @@ class OnlineLearner:
         return self.theta()
 
     def _local_pass(self, pass_number: int) -> tuple[float, float, str | None]:
-        """The kernel over this rank's shard in chunks of CHUNK_ROWS (progress between them)."""
+        """The kernel over this rank's shard in chunks (:meth:`~solvers.shard.Shard.chunks`,
+        progress between them)."""
         run, s = self.run, self.run.inputs.train
         order = run.shuffle_order(pass_number)
         loss_sum = weight_sum = 0.0
         status, row = OK, -1
-        for start, stop in row_chunks(s.n_rows):
+        for start, stop in s.chunks():
             loss_sum, weight_sum, status, row = online_pass(
                 s.indptr, s.indices, s.values, s.labels, s.weights, order, self.table, self.totals,
                 run.loss_id, run.params.learning_rate, run.params.invariant, start, stop,

@@ -8,7 +8,8 @@ first violation of the data contract, naming the array, the position and the val
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -17,16 +18,21 @@ from terascale.solvers.data import CSRData
 from terascale.solvers.errors import InvalidInputError, NonFiniteInputError
 
 _MAX_FEATURES = 2**31 - 1  # indices are int32
+#: Rows per kernel call of a pass (:meth:`Shard.chunks`); progress heartbeats come between calls.
+CHUNK_ROWS = 1 << 17
 
 
 @dataclass(frozen=True)
 class Shard:
     indptr: np.ndarray  # int64 (n_rows + 1,)
     indices: np.ndarray  # int32 (nnz,)
-    values: np.ndarray  # float32 (nnz,)
+    values: np.ndarray  # float32 (nnz,), or (0,): every value is 1 (binary features)
     labels: np.ndarray  # float32 (n_rows,)
     weights: np.ndarray  # float32 (n_rows,)
     n_features: int
+    #: ``release(a, b)``: drop rows a..b-1 from this process's memory after a pass used them
+    #: (arrays backed by a file, the local shard cache); None: the arrays live in memory
+    release: Callable[[int, int], None] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_csr(cls, data: CSRData) -> Shard:
@@ -45,6 +51,26 @@ class Shard:
     @property
     def n_rows(self) -> int:
         return int(self.labels.shape[0])
+
+    @property
+    def binary(self) -> bool:
+        """Every value is 1: ``values`` is empty and the kernels take x_ij = 1."""
+        return self.values.shape[0] == 0
+
+    def chunks(self, start: int = 0, stop: int | None = None, rows: int | None = None) -> Iterator[tuple[int, int]]:
+        """(a, b) ranges of at most ``rows`` (default :data:`CHUNK_ROWS`) rows covering rows ``start..stop-1`` in order (all
+        rows by default). Every pass over the shard goes through this: with :attr:`release`
+        set, rows a..b-1 are released when the caller asks for the next range (or ends the
+        loop), so a pass holds about one range of a file-backed shard at a time."""
+        stop = self.n_rows if stop is None else stop
+        rows = rows or CHUNK_ROWS
+        for a in range(start, stop, rows):
+            b = min(a + rows, stop)
+            try:
+                yield a, b
+            finally:
+                if self.release is not None:
+                    self.release(a, b)
 
     @property
     def nnz(self) -> int:

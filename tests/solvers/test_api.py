@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import terascale.solvers.objective as solver_objective
+import terascale.solvers.shard as solver_shard
 from terascale.allreduce.communicator import LocalCommunicator
 from terascale.solvers.api import SolverParams, train
 from tests.solvers.helpers import keep, planted_problem, train_local
@@ -29,7 +29,7 @@ class RecordingCommunicator(LocalCommunicator):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(solver_objective, "CHUNK_ROWS", 37)
+    monkeypatch.setattr(solver_shard, "CHUNK_ROWS", 37)
 
 
 @pytest.mark.parametrize("solver", ["online", "lbfgs", "hybrid"])
@@ -62,7 +62,7 @@ def test_chunked_passes_give_the_same_result(monkeypatch, solver):
     data = planted_problem(n=300, d=12, seed=83)
     params = SolverParams(solver=solver, passes=4, l2=1e-3, shuffle=True)
     whole = train_local(data, params)
-    monkeypatch.setattr(solver_objective, "CHUNK_ROWS", 29)
+    monkeypatch.setattr(solver_shard, "CHUNK_ROWS", 29)
     chunked = train_local(data, params)
     assert chunked.weights.tobytes() == whole.weights.tobytes()
     assert chunked.objective == whole.objective

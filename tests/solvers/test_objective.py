@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from terascale.allreduce.communicator import LocalCommunicator
-from terascale.solvers import objective as obj_mod
+from terascale.solvers import shard as shard_mod
 from terascale.solvers.catalogue import LOSSES
 from terascale.solvers.errors import DivergenceError
 from terascale.solvers.kernels.losses import LOSS_IDS
@@ -176,7 +176,7 @@ def test_sampled_curvature_uses_every_stride_th_run_scaled_to_the_rank_weight(mo
     assert obj.curvature(theta, p, sample_rows=n) == exact
     assert obj.curvature(theta, p, sample_rows=10 * n) == exact
     assert exact != obj.curvature(theta, p, sample_rows=2 * SAMPLE_RUN)
-    monkeypatch.setattr(obj_mod, "CHUNK_ROWS", 700)  # chunk borders inside runs
+    monkeypatch.setattr(shard_mod, "CHUNK_ROWS", 700)  # chunk borders inside runs
     assert obj.curvature(theta, p, sample_rows=2 * SAMPLE_RUN) == pytest.approx(want, rel=1e-12)
 
 
