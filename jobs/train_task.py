@@ -1,7 +1,8 @@
 """What one barrier task of the train job does (runs on an executor; no pyspark import here).
 
-read its shard with pyarrow straight into CSR -> split off the held-out rows (by row identity,
-``pipeline.dataset.holdout_mask``: the same rows for any number of workers) -> resume from the
+read its shard with pyarrow straight into CSR, one row group at a time, splitting off the held-out
+rows as it goes (by row identity, ``pipeline.dataset.holdout_mask``: the same rows for any number
+of workers) -> resume from the
 newest checkpoint it can verify, if there is one -> train (the first collective joins the tree,
 i.e. the task registers as its shard's survivor when its first pass is done, and agrees with the
 other ranks on the resume pass, :mod:`jobs.resume`; all restart from a common pass if they
@@ -21,7 +22,7 @@ from terascale.jobs import checkpoint
 from terascale.jobs import progress as progress_file
 from terascale.jobs.resume import ResumeAgreement, ResumeRestart
 from terascale.pipeline import fsutil, modeldir
-from terascale.pipeline.dataset import ShardPart, holdout_mask, read_csr
+from terascale.pipeline.dataset import ShardPart, read_shard
 from terascale.pipeline.groups import load_map
 from terascale.solvers.api import train
 from terascale.solvers.catalogue import solver_spec
@@ -120,15 +121,13 @@ def _progress_hook(ctx, spec: TaskSpec):
 
 
 def _read(spec: TaskSpec, ctx):
-    """(training rows, held-out rows or None, bytes of the shard as read). With held-out rows both
-    halves are copies: the shard as read is dropped here, so a rank keeps one CSR, not two."""
+    """(training rows, held-out rows or None, bytes of the shard as read). The held-out rows are
+    split off while the shard is read (``pipeline.dataset.read_shard``), so a rank holds one CSR."""
     parts = list(spec.shards[ctx.shard])
-    data = read_csr(parts, spec.n_features)
-    held = holdout_mask(parts, spec.holdout_period, spec.params.seed)
-    if held is None or data.n_rows == 0:
-        return data, None, data.nbytes
-    train_data, holdout = data.split_held_out(held)
-    return train_data, holdout, data.nbytes
+    train_data, holdout = read_shard(parts, spec.n_features, spec.holdout_period, spec.params.seed)
+    if holdout is None or train_data.n_rows + holdout.n_rows == 0:
+        return train_data, None, train_data.nbytes
+    return train_data, holdout, train_data.nbytes + holdout.nbytes
 
 
 def run_train_task(ctx, spec: TaskSpec) -> dict:

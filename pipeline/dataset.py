@@ -1,8 +1,9 @@
 """Reading a featurized dataset: shard planning and Parquet -> CSR without Python rows.
 
-A shard is a list of (file, row groups). ``read_csr`` reads a shard with pyarrow (any pyarrow
-filesystem) and turns each Arrow ``list<int32>`` chunk's offsets and values into the CSR
-``indptr`` and ``indices`` directly; a null ``values`` row means all ones.
+A shard is a list of (file, row groups). ``read_shard`` reads a shard with pyarrow (any pyarrow
+filesystem), one row group at a time, and turns each Arrow ``list<int32>`` chunk's offsets and
+values into the CSR ``indptr`` and ``indices`` of a sink (``pipeline.shard_sink``); a null
+``values`` row means all ones, and a shard with no other values keeps no values array.
 
 Each part also carries its rows' identity: the file's name relative to the dataset root and
 the index in that file of the part's first row. ``holdout_mask`` decides from it alone which
@@ -20,11 +21,21 @@ import pyarrow as pa
 
 from terascale.pipeline import fsutil
 from terascale.pipeline.manifest import MANIFEST, dataset_files, read_manifest
-from terascale.pipeline.verify import Footer, check_footers, read_row_groups
+from terascale.pipeline.shard_sink import MemorySink
+from terascale.pipeline.verify import (
+    DataFileError,
+    Footer,
+    check_footers,
+    iter_row_groups,
+    read_row_groups,
+)
 from terascale.solvers.data import CSRData
 from terascale.solvers.holdout import held_out
 
 COLUMNS = ["label", "weight", "indices", "values"]
+#: Rows per record batch while a shard is read (a batch's Arrow arrays and the split's
+#: temporaries are what reading holds beside the CSR: about 2 MiB per 1000 non-zeros per row).
+BATCH_ROWS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -96,8 +107,43 @@ def _table(part: ShardPart) -> pa.Table:
 
 
 def read_csr(parts: list[ShardPart], n_features: int) -> CSRData:
-    """Read the parts of one shard into one CSR matrix (one copy: the concatenation)."""
-    return tables_to_csr([_table(p) for p in parts], n_features)
+    """Read the parts of one shard into one CSR matrix (:func:`read_shard` without held-out rows)."""
+    return read_shard(parts, n_features)[0]
+
+
+def read_shard(parts: list[ShardPart], n_features: int, holdout_period: int = 0, seed: int = 0,
+               sink_factory=None) -> tuple[CSRData, CSRData | None]:
+    """(training rows, held-out rows or None) of the shard ``parts``, read in record batches of
+    :data:`BATCH_ROWS` rows: each batch is split by :func:`holdout_mask` and handed to the sinks
+    (``sink_factory(rows, nnz_hint)``, default :class:`~pipeline.shard_sink.MemorySink`), then
+    dropped, so the shard is held once. Row order is the parts' order."""
+    make = sink_factory or MemorySink
+    held = holdout_mask(parts, holdout_period, seed)
+    n = sum(p.rows for p in parts)
+    nnz = sum(p.nnz_estimate for p in parts)
+    n_held = 0 if held is None else int(held.sum())
+    share = n_held / n if n else 0.0
+    sinks = [make(n - n_held, round(nnz * (1 - share)))]
+    if held is not None:
+        sinks.append(make(n_held, round(nnz * share)))
+    try:
+        r = 0
+        for p in parts:
+            first = r
+            for batch in iter_row_groups(p.path, p.row_groups, COLUMNS, BATCH_ROWS):
+                t = pa.Table.from_batches([batch])
+                mask = None if held is None else held[r : r + t.num_rows]
+                _append_table(t, sinks, mask)
+                r += t.num_rows
+                del t, batch
+            if r - first != p.rows:
+                raise DataFileError(f"{p.path}: row groups {p.row_groups} hold {r - first} rows, the plan {p.rows}")
+        pa.default_memory_pool().release_unused()  # or the pool keeps the freed batches' pages
+        out = [s.finish(n_features) for s in sinks]
+    finally:
+        for s in sinks:
+            s.close()
+    return out[0], (out[1] if held is not None else None)
 
 
 def tables_to_csr(tables: list[pa.Table], n_features: int) -> CSRData:
@@ -107,41 +153,48 @@ def tables_to_csr(tables: list[pa.Table], n_features: int) -> CSRData:
     for t in tables:
         for c in t.column("indices").chunks:
             nnz += int(c.offsets[-1].as_py() - c.offsets[0].as_py()) if len(c) else 0
-    indptr = np.zeros(n + 1, np.int64)
-    indices = np.empty(nnz, np.int32)
-    values = np.ones(nnz, np.float32)
-    labels = np.empty(n, np.float32)
-    weights = np.empty(n, np.float32)
-    r = 0
-    z = 0
+    sink = MemorySink(n, nnz)
     for t in tables:
-        idx_col = t.column("indices")
-        val_col = t.column("values") if "values" in t.column_names else None
-        lab = t.column("label").to_numpy()
-        wt = t.column("weight").to_numpy() if "weight" in t.column_names else np.ones(t.num_rows, np.float32)
-        labels[r:r + t.num_rows] = lab
-        weights[r:r + t.num_rows] = wt
-        for ci, chunk in enumerate(idx_col.chunks):
-            m = len(chunk)
-            if m == 0:
-                continue
-            off = chunk.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
-            lens = np.diff(off)
-            span = int(off[-1] - off[0])
-            flat = chunk.values.to_numpy(zero_copy_only=False)[off[0]:off[-1]]
-            indices[z:z + span] = flat
-            indptr[r + 1:r + m + 1] = z + (off[1:] - off[0])
-            if val_col is not None:
-                vchunk = val_col.chunk(ci) if val_col.num_chunks == idx_col.num_chunks else None
-                if vchunk is None:  # chunking differs between columns: fall back to a slice
-                    vchunk = val_col.slice(sum(len(c) for c in idx_col.chunks[:ci]), m).combine_chunks()
-                if vchunk.null_count < m:
-                    valid = vchunk.is_valid().to_numpy(zero_copy_only=False)
-                    mask = np.repeat(valid, lens)
-                    values[z:z + span][mask] = vchunk.flatten().to_numpy(zero_copy_only=False)
-            r += m
-            z += span
-    return CSRData(indptr, indices, values, labels, weights, n_features)
+        _append_table(t, [sink], None)
+    return sink.finish(n_features)
+
+
+def _append_table(t: pa.Table, sinks: list, held: np.ndarray | None) -> None:
+    """Hand the rows of ``t`` to ``sinks[0]`` (all of them, or those not ``held``) and the held
+    rows to ``sinks[1]``, one Arrow chunk at a time."""
+    idx_col = t.column("indices")
+    val_col = t.column("values") if "values" in t.column_names else None
+    labels = t.column("label").to_numpy().astype(np.float32, copy=False)
+    weights = (t.column("weight").to_numpy().astype(np.float32, copy=False) if "weight" in t.column_names
+               else np.ones(t.num_rows, np.float32))
+    r = 0
+    for ci, chunk in enumerate(idx_col.chunks):
+        m = len(chunk)
+        if m == 0:
+            continue
+        off = chunk.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+        lens = np.diff(off)
+        flat = chunk.values.to_numpy(zero_copy_only=False)[off[0]:off[-1]]
+        vals = None
+        if val_col is not None:
+            vchunk = val_col.chunk(ci) if val_col.num_chunks == idx_col.num_chunks else None
+            if vchunk is None:  # chunking differs between columns: fall back to a slice
+                vchunk = val_col.slice(r, m).combine_chunks()
+            if vchunk.null_count < m:
+                vals = np.ones(flat.shape[0], np.float32)
+                valid = vchunk.is_valid().to_numpy(zero_copy_only=False)
+                vals[np.repeat(valid, lens)] = vchunk.flatten().to_numpy(zero_copy_only=False)
+        lab, wt = labels[r : r + m], weights[r : r + m]
+        if held is None:
+            sinks[0].append(lens, flat, vals, lab, wt)
+        else:
+            h = held[r : r + m]
+            for sink, rows in ((sinks[0], ~h), (sinks[1], h)):
+                if rows.any():
+                    keep = np.repeat(rows, lens)
+                    sinks_vals = None if vals is None else vals[keep]
+                    sink.append(lens[rows], flat[keep], sinks_vals, lab[rows], wt[rows])
+        r += m
 
 
 def read_dataset(dataset_dir: str) -> tuple[CSRData, dict]:

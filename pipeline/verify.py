@@ -112,6 +112,43 @@ def check_footers(paths: list[str], manifest: dict, manifest_path: str = "the ma
     return footers
 
 
+def iter_row_groups(path: str, row_groups: Iterable[int], columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """The rows of :func:`read_row_groups` as record batches of at most ``batch_rows`` rows,
+    read page by page through a 1 MiB buffer (the memory a reader holds is about one batch, not
+    a row group's decoded columns). Errors as :func:`read_row_groups`: after an I/O error the
+    row groups are read again once and the rows already yielded are skipped."""
+    groups = list(row_groups)
+    where = f"{path}: row group{'s' if len(groups) != 1 else ''} {', '.join(map(str, groups))}"
+    done = 0
+    for attempt in (0, 1):
+        try:
+            skip = done
+            for batch in _batches(path, groups, columns, batch_rows):
+                if skip >= batch.num_rows:
+                    skip -= batch.num_rows
+                    continue
+                if skip:
+                    batch, skip = batch.slice(skip), 0
+                done += batch.num_rows
+                yield batch
+            return
+        except (ConnectionError, TimeoutError):
+            raise
+        except (OSError, pa.ArrowException) as e:
+            if isinstance(e, pa.ArrowInvalid):
+                raise DataFileError(f"{where}: cannot be decoded: {e}") from None
+            if attempt == 1:
+                raise DataFileError(f"{where}: cannot be read or decoded (twice): {e}") from None
+
+
+def _batches(path: str, row_groups: list[int], columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    fs, inner = fsutil.resolve(path)
+    with fs.open_input_file(inner) as f:
+        pf = pq.ParquetFile(f, page_checksum_verification=True, pre_buffer=False, buffer_size=1 << 20)
+        names = [c for c in columns if c in pf.schema_arrow.names]
+        yield from pf.iter_batches(batch_size=batch_rows, row_groups=row_groups, columns=names, use_threads=False)
+
+
 def _read(path: str, row_groups: list[int], columns: list[str] | None) -> pa.Table:
     fs, inner = fsutil.resolve(path)
     with fs.open_input_file(inner) as f:

@@ -7,7 +7,7 @@ the arrays, never this object.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,16 +20,21 @@ NO_GROUP = 255
 class CSRData:
     indptr: np.ndarray  # int64 (n_rows + 1,)
     indices: np.ndarray  # int32 (nnz,), sorted and unique within a row
-    values: np.ndarray  # float32 (nnz,); all ones for binary hashed features
+    values: np.ndarray  # float32: (nnz,) dense, (0,) all ones, or the exceptions' values (len(vpos),)
     labels: np.ndarray  # float32 (n_rows,), 0 or 1 (for squared loss: any real target)
     weights: np.ndarray  # float32 (n_rows,), importance weights > 0
     n_features: int  # 2^bits
+    #: int64 ascending positions (into ``indices``) of the values ≠ 1 when ``values`` holds only
+    #: those; empty otherwise (the layouts: :mod:`solvers.kernels.values`)
+    vpos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __post_init__(self) -> None:
         n = self.labels.shape[0]
         if self.indptr.shape != (n + 1,) or self.weights.shape != (n,):
             raise ValueError(f"inconsistent CSR shapes: indptr {self.indptr.shape}, labels {n}, weights {self.weights.shape}")
-        if self.indices.shape != self.values.shape or int(self.indptr[-1]) != self.indices.shape[0]:
+        if self.vpos.shape[0] > 0 and self.values.shape != self.vpos.shape:
+            raise ValueError(f"inconsistent CSR value exceptions: {self.values.shape} values at {self.vpos.shape} positions")
+        if (self.vpos.shape[0] == 0 and self.values.shape not in (self.indices.shape, (0,))) or int(self.indptr[-1]) != self.indices.shape[0]:
             raise ValueError(f"inconsistent CSR: indptr[-1]={int(self.indptr[-1])}, indices {self.indices.shape}, values {self.values.shape}")
 
     @property
@@ -41,8 +46,19 @@ class CSRData:
         return int(self.indices.shape[0])
 
     @property
+    def binary(self) -> bool:
+        """Every value is 1: nothing stored (the kernels take x_ij = 1)."""
+        return self.values.shape[0] == 0
+
+    def full_values(self) -> np.ndarray:
+        """The values, one float32 per non-zero, whatever the layout."""
+        from terascale.solvers.kernels.values import dense
+
+        return dense(self.values, self.vpos, self.nnz)
+
+    @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.indptr, self.indices, self.values, self.labels, self.weights))
+        return sum(a.nbytes for a in (self.indptr, self.indices, self.values, self.vpos, self.labels, self.weights))
 
     @classmethod
     def from_scipy(cls, x, labels, weights=None, n_features: int | None = None) -> CSRData:
@@ -62,7 +78,7 @@ class CSRData:
     def to_scipy(self):
         import scipy.sparse as sp
 
-        return sp.csr_matrix((self.values, self.indices, self.indptr), shape=(self.n_rows, self.n_features))
+        return sp.csr_matrix((self.full_values(), self.indices, self.indptr), shape=(self.n_rows, self.n_features))
 
     @classmethod
     def empty(cls, n_features: int) -> CSRData:
@@ -76,7 +92,17 @@ class CSRData:
         keep = np.repeat(mask, lens)
         indptr = np.zeros(int(mask.sum()) + 1, np.int64)
         np.cumsum(lens[mask], out=indptr[1:])
-        return CSRData(indptr, self.indices[keep], self.values[keep], self.labels[mask], self.weights[mask], self.n_features)
+        values, vpos = self.values, self.vpos
+        if vpos.shape[0] > 0:  # exceptions: their rows' new starts plus their offsets in the row
+            rows = np.searchsorted(self.indptr, vpos, side="right") - 1
+            kept = mask[rows]
+            new_row = np.cumsum(mask) - 1
+            vpos = indptr[new_row[rows[kept]]] + (vpos[kept] - self.indptr[rows[kept]])
+            values = values[kept]
+        elif not self.binary:
+            values = values[keep]
+        return CSRData(indptr, self.indices[keep], values, self.labels[mask], self.weights[mask], self.n_features,
+                       vpos.astype(np.int64, copy=False))
 
     def split_held_out(self, held: np.ndarray) -> tuple[CSRData, CSRData]:
         """(train, holdout): the rows where ``held`` is false, and those where it is true (both

@@ -92,14 +92,14 @@ class LocalTable:
         """The curvature kernel over the sampled rows of ``start..stop-1`` (see
         :meth:`load_direction` and :func:`solvers.kernels.objective.curvature_along`)."""
         s = self.shard
-        return K.curvature_along(s.indptr, s.indices, s.values, s.labels, s.weights, self._current,
+        return K.curvature_along(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, self._current,
                                  loss_id, start, stop, stride, sums)
 
     def pass_rows(self, loss_id: int, want_grad: bool, want_hess: bool, start: int, stop: int,
                   loss_sum: float) -> tuple[float, int, int]:
         """The kernel over rows ``start..stop-1`` (see :meth:`load`): (loss_sum, status, row)."""
         s, t = self.shard, self._current
-        return K.loss_grad_hess_table(s.indptr, s.indices, s.values, s.labels, s.weights, t, loss_id,
+        return K.loss_grad_hess_table(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, t, loss_id,
                                       want_grad, want_hess and t.shape[1] > 2, start, stop, loss_sum)
 
     def coarse_sums(self, theta: np.ndarray, group: np.ndarray, n_groups: int, loss_id: int,
@@ -114,7 +114,7 @@ class LocalTable:
             load_column(theta, self.compact_of, t, 0)
             self._current, self._theta = t, theta
         local_group = group[self.compact_of]
-        used, status, row = KC.coarse_rows(s.indptr, s.indices, s.values, s.labels, s.weights, t,
+        used, status, row = KC.coarse_rows(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, t,
                                            local_group, n_groups, loss_id, 0, s.n_rows, stride, E)
         if status != KC.OK:
             return f"rank-local non-finite margin at row {row}"

@@ -51,7 +51,7 @@ def shard_sums(shard: Shard, theta: np.ndarray, loss_id: int, grad: np.ndarray =
     s = shard
 
     def call(start: int, stop: int, total: float):
-        return K.loss_grad_hess(s.indptr, s.indices, s.values, s.labels, s.weights, theta, loss_id,
+        return K.loss_grad_hess(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, theta, loss_id,
                                 grad, hess, start, stop, total)
 
     return _over_chunks(s, call, on_rows)

@@ -62,7 +62,7 @@ class OnlineLearner:
         self.totals[:] = (saved["online_t"], saved["online_N"])
         if saved["pass"] > 0:
             shard = self.run.inputs.train
-            restore_normalizers(shard.indptr, shard.indices, shard.values, shard.weights, self.table)
+            restore_normalizers(shard.indptr, shard.indices, shard.values, shard.vpos, shard.weights, self.table)
         return self.theta()
 
     def _local_pass(self, pass_number: int) -> tuple[float, float, str | None]:
@@ -74,7 +74,7 @@ class OnlineLearner:
         status, row = OK, -1
         for start, stop in s.chunks():
             loss_sum, weight_sum, status, row = online_pass(
-                s.indptr, s.indices, s.values, s.labels, s.weights, order, self.table, self.totals,
+                s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, order, self.table, self.totals,
                 run.loss_id, run.params.learning_rate, run.params.invariant, start, stop,
                 loss_sum, weight_sum,
             )

@@ -17,7 +17,7 @@ def decision_function(data: CSRData, weights: np.ndarray, intercept: float) -> n
     if weights.shape != (s.n_features,):
         raise ValueError(f"weights have shape {weights.shape}, the data {s.n_features} features")
     out = np.empty(s.n_rows, dtype=np.float64)
-    margins(s.indptr, s.indices, s.values, weights, float(intercept), out)
+    margins(s.indptr, s.indices, s.values, s.vpos, weights, float(intercept), out)
     return out
 
 

@@ -26,10 +26,13 @@ CHUNK_ROWS = 1 << 17
 class Shard:
     indptr: np.ndarray  # int64 (n_rows + 1,)
     indices: np.ndarray  # int32 (nnz,)
-    values: np.ndarray  # float32 (nnz,), or (0,): every value is 1 (binary features)
+    values: np.ndarray  # float32 (nnz,), (0,) all ones, or the exceptions' values (see vpos)
     labels: np.ndarray  # float32 (n_rows,)
     weights: np.ndarray  # float32 (n_rows,)
     n_features: int
+    #: int64 positions of the values ≠ 1 when ``values`` holds only those, else empty
+    #: (:mod:`solvers.kernels.values`)
+    vpos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     #: ``release(a, b)``: drop rows a..b-1 from this process's memory after a pass used them
     #: (arrays backed by a file, the local shard cache); None: the arrays live in memory
     release: Callable[[int, int], None] | None = field(default=None, compare=False, repr=False)
@@ -46,6 +49,7 @@ class Shard:
             labels=conv(data.labels, np.float32),
             weights=conv(data.weights, np.float32),
             n_features=int(data.n_features),
+            vpos=conv(data.vpos, np.int64),
         )
 
     @property
@@ -54,8 +58,12 @@ class Shard:
 
     @property
     def binary(self) -> bool:
-        """Every value is 1: ``values`` is empty and the kernels take x_ij = 1."""
+        """Every value is 1: nothing stored, the kernels take x_ij = 1."""
         return self.values.shape[0] == 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.indptr, self.indices, self.values, self.vpos, self.labels, self.weights))
 
     def chunks(self, start: int = 0, stop: int | None = None, rows: int | None = None) -> Iterator[tuple[int, int]]:
         """(a, b) ranges of at most ``rows`` (default :data:`CHUNK_ROWS`) rows covering rows ``start..stop-1`` in order (all
@@ -104,12 +112,16 @@ def find_problem(data: CSRData, shard: Shard, what: str, loss: str) -> InvalidIn
         return InvalidInputError(
             f"{what}: indices[{k}] = {int(idx[k])} is outside [0, n_features = {nf})"
         )
+    vp = shard.vpos
+    if vp.size and (int(vp[0]) < 0 or int(vp[-1]) >= idx.shape[0] or np.any(np.diff(vp) <= 0)):
+        return InvalidInputError(f"{what}: vpos must be strictly ascending positions in [0, nnz = {idx.shape[0]})")
     for name in ("values", "labels", "weights"):
         arr = getattr(shard, name)
         finite = np.isfinite(arr)
         if not finite.all():
             k = _first_bad(~finite)
-            row = f" (row {int(np.searchsorted(data.indptr, k, side='right')) - 1})" if name == "values" else ""
+            pos = int(vp[k]) if name == "values" and vp.size else k
+            row = f" (row {int(np.searchsorted(data.indptr, pos, side='right')) - 1})" if name == "values" else ""
             return NonFiniteInputError(f"{what}: {name}[{k}] = {float(arr[k])}{row} is not finite")
     if np.any(shard.weights < 0):
         k = _first_bad(shard.weights < 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -14,6 +15,7 @@ from terascale.pipeline.generate import generate_clicklogs
 from terascale.pipeline.manifest import read_manifest
 from terascale.pipeline.spark_featurize import run_featurize
 from terascale.pipeline.spec import FeatureSpec
+from terascale.pipeline.verify import DataFileError
 
 pytestmark = pytest.mark.spark
 
@@ -43,9 +45,10 @@ def test_read_dataset_equals_the_parquet_rows(dataset):
     rows = _rows_from_parquet(dataset)
     assert csr.n_rows == m["rows"] == len(rows) and csr.nnz == m["nnz"] and csr.n_features == 64
     assert any(v != [1.0] * len(v) for _, _, v in rows)  # the collision values are exercised
+    values = csr.full_values()
     for i, (lab, idx, val) in enumerate(rows):
         a, b = csr.indptr[i], csr.indptr[i + 1]
-        assert csr.labels[i] == lab and csr.indices[a:b].tolist() == idx and csr.values[a:b].tolist() == val
+        assert csr.labels[i] == lab and csr.indices[a:b].tolist() == idx and values[a:b].tolist() == val
     assert np.all(csr.weights == 1.0)
 
 
@@ -79,3 +82,24 @@ def test_multi_row_group_files_and_chunked_columns(tmp_path, dataset):
     for a in ("indptr", "indices", "values", "labels"):
         assert np.array_equal(getattr(csr, a), getattr(ref, a)), a
     assert isinstance(t, pa.Table)
+
+
+def test_read_shard_splits_held_out_rows_as_it_reads(dataset, monkeypatch):
+    """read_shard (batches, split while reading) = read_csr then split_held_out, bit for bit,
+    whatever the batch size; binary rows store no values, collisions only their exceptions."""
+    import terascale.pipeline.dataset as D
+
+    shard = plan_shards(dataset, 2)[0]
+    whole = read_csr(shard, 64)
+    want_train, want_held = whole.split_held_out(D.holdout_mask(shard, 7, 3))
+    assert 0 < whole.vpos.size < whole.nnz // 3 and whole.values.size == whole.vpos.size  # 64 buckets: many
+    for batch_rows in (1 << 16, 97):
+        monkeypatch.setattr(D, "BATCH_ROWS", batch_rows)
+        train, held = D.read_shard(shard, 64, 7, 3)
+        for got, want in ((train, want_train), (held, want_held)):
+            for a in ("indptr", "indices", "labels", "weights", "vpos", "values"):
+                assert getattr(got, a).tobytes() == getattr(want, a).tobytes(), a
+    monkeypatch.setattr(D, "BATCH_ROWS", 1 << 16)
+    bad = [dataclasses.replace(shard[0], rows=shard[0].rows + 1)] + shard[1:]
+    with pytest.raises(DataFileError, match="the plan"):
+        D.read_shard(bad, 64)

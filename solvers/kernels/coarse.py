@@ -23,11 +23,12 @@ from numba import njit
 from terascale.solvers.kernels.losses import loss_curvature
 from terascale.solvers.kernels.objective import BAD_MARGIN, OK
 from terascale.solvers.kernels.sampling import next_sampled
+from terascale.solvers.kernels.values import DENSE, ONE, PLAIN, row_start, value_at
 
 
 @njit(cache=True, nogil=True)
-def coarse_rows(indptr, indices, values, labels, weights, table, group, n_groups, loss_id, start,
-                stop, stride, E):
+def coarse_rows(indptr, indices, values, vpos, labels, weights, table, group, n_groups, loss_id,
+                start, stop, stride, E):
     """Add Σᵢ hᵢ·ℓ''(yᵢ, mᵢ)·aᵢ·aᵢᵀ into E ((G+1)×(G+1), symmetric) over the rows r of
     ``start..stop-1`` in every ``stride``-th run of rows (:mod:`solvers.kernels.sampling`),
     mᵢ = xᵢ·θ + b from ``table[:, 0]`` = θ (local numbering, the intercept in the last row) and
@@ -46,14 +47,23 @@ def coarse_rows(indptr, indices, values, labels, weights, table, group, n_groups
     total = 0.0
     used = 0.0
     r = next_sampled(start, stride)
+    cur = 0  # the cursor into vpos (solvers.kernels.values.row_start)
     while r < stop:
         a = indptr[r]
         b = indptr[r + 1]
         m = table[d, 0]
         for g in range(n_groups):
             v[g] = 1.0
+        cur, mode = row_start(values, vpos, a, b, cur)
+        e = cur
         for kk in range(a, b):
-            x = np.float64(values[kk])
+            if mode == PLAIN:
+                xv = ONE
+            elif mode == DENSE:
+                xv = values[kk]
+            else:
+                xv, e = value_at(values, vpos, kk, e)
+            x = np.float64(xv)
             j = indices[kk]
             m += table[j, 0] * x
             g = group[j]

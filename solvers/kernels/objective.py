@@ -8,6 +8,7 @@ importance weight hᵢ and margin mᵢ = xᵢ·β + b (accumulated in float64):
     grad[j]  += Σᵢ hᵢ·ℓ'(yᵢ, mᵢ)·x_ij,    grad[d] += Σᵢ hᵢ·ℓ'(yᵢ, mᵢ)
     hess[j]  += Σᵢ hᵢ·ℓ''(yᵢ, mᵢ)·x_ij²,  hess[d] += Σᵢ hᵢ·ℓ''(yᵢ, mᵢ)
 
+The values xᵢⱼ come in any layout of :mod:`solvers.kernels.values` (``values``, ``vpos``).
 These are the local, unnormalized sums (the driver adds them over ranks, divides by Σhᵢ and
 adds the penalty); ``grad`` / ``hess`` of length 0 are skipped. The next row's entries of
 ``theta`` and ``grad`` are prefetched while a row is processed. A non-finite margin or loss
@@ -29,6 +30,7 @@ from terascale.solvers.kernels.losses import (
 )
 from terascale.solvers.kernels.prefetch import prefetch_row
 from terascale.solvers.kernels.sampling import next_sampled
+from terascale.solvers.kernels.values import DENSE, ONE, PLAIN, row_start, value_at
 
 OK = 0
 BAD_MARGIN = 1
@@ -52,8 +54,8 @@ def row_terms(loss_id, m, y):
 
 
 @njit(cache=True, nogil=True)
-def loss_grad_hess(indptr, indices, values, labels, weights, theta, loss_id, grad, hess, start,
-                   stop, loss_sum):
+def loss_grad_hess(indptr, indices, values, vpos, labels, weights, theta, loss_id, grad, hess,
+                   start, stop, loss_sum):
     """Accumulate the sums of the module docstring over rows ``start..stop-1``, the loss onto
     ``loss_sum`` (consecutive ranges carrying it give the same bits as one call); returns
     ``(loss_sum, status, row)``."""
@@ -61,6 +63,7 @@ def loss_grad_hess(indptr, indices, values, labels, weights, theta, loss_id, gra
     d = theta.shape[0] - 1
     want_grad = grad.shape[0] > 0
     want_hess = hess.shape[0] > 0
+    cur = 0  # the cursor into vpos (solvers.kernels.values.row_start)
     for r in range(start, stop):
         a = indptr[r]
         b = indptr[r + 1]
@@ -69,9 +72,17 @@ def loss_grad_hess(indptr, indices, values, labels, weights, theta, loss_id, gra
                 prefetch_row(theta, indices[k])
                 if want_grad:
                     prefetch_row(grad, indices[k])
+        cur, mode = row_start(values, vpos, a, b, cur)
         m = theta[d]
+        e = cur
         for k in range(a, b):
-            m += theta[indices[k]] * values[k]
+            if mode == PLAIN:
+                x = ONE
+            elif mode == DENSE:
+                x = values[k]
+            else:
+                x, e = value_at(values, vpos, k, e)
+            m += theta[indices[k]] * x
         y = float(labels[r])
         status, loss, g = row_terms(loss_id, m, y)
         if status != OK:
@@ -80,22 +91,36 @@ def loss_grad_hess(indptr, indices, values, labels, weights, theta, loss_id, gra
         loss_sum += h * loss
         hg = h * g
         if want_grad and hg != 0.0:
+            e = cur
             for k in range(a, b):
-                grad[indices[k]] += hg * values[k]
+                if mode == PLAIN:
+                    x = ONE
+                elif mode == DENSE:
+                    x = values[k]
+                else:
+                    x, e = value_at(values, vpos, k, e)
+                grad[indices[k]] += hg * x
             grad[d] += hg
         if want_hess:
             hc = h * loss_curvature(loss_id, m, y)
             if hc != 0.0:
+                e = cur
                 for k in range(a, b):
-                    x = float(values[k])
-                    hess[indices[k]] += hc * x * x
+                    if mode == PLAIN:
+                        x = ONE
+                    elif mode == DENSE:
+                        x = values[k]
+                    else:
+                        x, e = value_at(values, vpos, k, e)
+                    xf = float(x)
+                    hess[indices[k]] += hc * xf * xf
                 hess[d] += hc
     return loss_sum, OK, -1
 
 
 @njit(cache=True, nogil=True)
-def loss_grad_hess_table(indptr, indices, values, labels, weights, table, loss_id, want_grad,
-                         want_hess, start, stop, loss_sum):
+def loss_grad_hess_table(indptr, indices, values, vpos, labels, weights, table, loss_id,
+                         want_grad, want_hess, start, stop, loss_sum):
     """:func:`loss_grad_hess` with θ and its accumulators interleaved in one float64 table:
     ``table[j, 0]`` = θ_j (the intercept in the last row), the gradient sums added into
     ``table[j, 1]`` (if ``want_grad``), the Hessian-diagonal sums into ``table[j, 2]`` (if
@@ -104,15 +129,24 @@ def loss_grad_hess_table(indptr, indices, values, labels, weights, table, loss_i
     or three. Same operations in the same order as :func:`loss_grad_hess`: the same bits."""
     n_rows = labels.shape[0]
     d = table.shape[0] - 1
+    cur = 0  # the cursor into vpos (solvers.kernels.values.row_start)
     for r in range(start, stop):
         a = indptr[r]
         b = indptr[r + 1]
         if r + 1 < n_rows:
             for k in range(b, indptr[r + 2]):
                 prefetch_row(table, indices[k])
+        cur, mode = row_start(values, vpos, a, b, cur)
         m = table[d, 0]
+        e = cur
         for k in range(a, b):
-            m += table[indices[k], 0] * values[k]
+            if mode == PLAIN:
+                x = ONE
+            elif mode == DENSE:
+                x = values[k]
+            else:
+                x, e = value_at(values, vpos, k, e)
+            m += table[indices[k], 0] * x
         y = float(labels[r])
         status, loss, g = row_terms(loss_id, m, y)
         if status != OK:
@@ -121,21 +155,36 @@ def loss_grad_hess_table(indptr, indices, values, labels, weights, table, loss_i
         loss_sum += h * loss
         hg = h * g
         if want_grad and hg != 0.0:
+            e = cur
             for k in range(a, b):
-                table[indices[k], 1] += hg * values[k]
+                if mode == PLAIN:
+                    x = ONE
+                elif mode == DENSE:
+                    x = values[k]
+                else:
+                    x, e = value_at(values, vpos, k, e)
+                table[indices[k], 1] += hg * x
             table[d, 1] += hg
         if want_hess:
             hc = h * loss_curvature(loss_id, m, y)
             if hc != 0.0:
+                e = cur
                 for k in range(a, b):
-                    x = float(values[k])
-                    table[indices[k], 2] += hc * x * x
+                    if mode == PLAIN:
+                        x = ONE
+                    elif mode == DENSE:
+                        x = values[k]
+                    else:
+                        x, e = value_at(values, vpos, k, e)
+                    xf = float(x)
+                    table[indices[k], 2] += hc * xf * xf
                 table[d, 2] += hc
     return loss_sum, OK, -1
 
 
 @njit(cache=True, nogil=True)
-def curvature_along(indptr, indices, values, labels, weights, table, loss_id, start, stop, stride, sums):
+def curvature_along(indptr, indices, values, vpos, labels, weights, table, loss_id, start, stop, stride,
+                    sums):
     """Add Σᵢ hᵢ·ℓ''(yᵢ, mᵢ)·uᵢ² into ``sums[0]`` and Σᵢ hᵢ into ``sums[1]`` over the rows of
     ``start..stop-1`` in every ``stride``-th run of rows (:mod:`solvers.kernels.sampling`; 1:
     every row), with mᵢ = xᵢ·θ + b and uᵢ = xᵢ·p + p_b from ``table[:, 0]`` = θ and
@@ -146,6 +195,7 @@ def curvature_along(indptr, indices, values, labels, weights, table, loss_id, st
     acc = sums[0]
     used = sums[1]
     r = next_sampled(start, stride)
+    cur = 0  # the cursor into vpos (solvers.kernels.values.row_start)
     while r < stop:
         nxt = next_sampled(r + 1, stride)
         if nxt < stop:
@@ -153,8 +203,18 @@ def curvature_along(indptr, indices, values, labels, weights, table, loss_id, st
                 prefetch_row(table, indices[k])
         m = table[d, 0]
         u = table[d, 1]
-        for k in range(indptr[r], indptr[r + 1]):
-            x = float(values[k])
+        a = indptr[r]
+        b = indptr[r + 1]
+        cur, mode = row_start(values, vpos, a, b, cur)
+        e = cur
+        for k in range(a, b):
+            if mode == PLAIN:
+                xv = ONE
+            elif mode == DENSE:
+                xv = values[k]
+            else:
+                xv, e = value_at(values, vpos, k, e)
+            x = float(xv)
             j = indices[k]
             m += table[j, 0] * x
             u += table[j, 1] * x
@@ -170,12 +230,23 @@ def curvature_along(indptr, indices, values, labels, weights, table, loss_id, st
 
 
 @njit(cache=True, nogil=True)
-def margins(indptr, indices, values, coef, intercept, out):
+def margins(indptr, indices, values, vpos, coef, intercept, out):
     """out[i] = xᵢ·coef + intercept (float64 accumulation), for every row."""
+    cur = 0  # the cursor into vpos (solvers.kernels.values.row_start)
     for r in range(indptr.shape[0] - 1):
+        a = indptr[r]
+        b = indptr[r + 1]
+        cur, mode = row_start(values, vpos, a, b, cur)
+        e = cur
         m = intercept
-        for k in range(indptr[r], indptr[r + 1]):
-            m += coef[indices[k]] * values[k]
+        for k in range(a, b):
+            if mode == PLAIN:
+                x = ONE
+            elif mode == DENSE:
+                x = values[k]
+            else:
+                x, e = value_at(values, vpos, k, e)
+            m += coef[indices[k]] * x
         out[r] = m
 
 

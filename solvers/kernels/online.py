@@ -43,6 +43,7 @@ from terascale.solvers.kernels.losses import (
     loss_value,
 )
 from terascale.solvers.kernels.prefetch import prefetch_row
+from terascale.solvers.kernels.values import DENSE, ONE, PLAIN, row_start, value_at
 
 W = 0
 G = 1
@@ -78,7 +79,7 @@ def _prefetch_example(state, indptr, indices, r):
 
 
 @njit(cache=True, nogil=True)
-def online_pass(indptr, indices, values, labels, weights, order, state, totals, loss_id,
+def online_pass(indptr, indices, values, vpos, labels, weights, order, state, totals, loss_id,
                 learning_rate, invariant, start, stop, loss_sum, weight_sum):
     """Process examples ``start..stop-1`` of the pass (positions in ``order`` if it is non-empty,
     else row numbers), updating ``state`` and ``totals`` in place (see the module docstring).
@@ -95,6 +96,7 @@ def online_pass(indptr, indices, values, labels, weights, order, state, totals, 
     rate = np.empty(_max_row_nnz(indptr, order, start, stop), dtype=np.float32)
     t = totals[0]
     n_norm = totals[1]
+    cur = 0  # the cursor into vpos (solvers.kernels.values.row_start)
     for i in range(start, stop):
         r = order[i] if shuffled else i
         a = indptr[r]
@@ -107,10 +109,17 @@ def online_pass(indptr, indices, values, labels, weights, order, state, totals, 
             continue
 
         # 1-2: normalize, predict
+        cur, mode = row_start(values, vpos, a, b, cur)
         m = float(state[d, W])
         norm_x = 1.0
+        e = cur
         for k in range(a, b):
-            x = values[k]
+            if mode == PLAIN:
+                x = ONE
+            elif mode == DENSE:
+                x = values[k]
+            else:
+                x, e = value_at(values, vpos, k, e)
             ax = abs(x)
             if ax > 0.0:
                 j = indices[k]
@@ -148,8 +157,14 @@ def online_pass(indptr, indices, values, labels, weights, order, state, totals, 
             return loss_sum, weight_sum, BAD_UPDATE, r
         kappa = 0.0
         n = 0
+        e = cur
         for k in range(a, b):
-            x = values[k]
+            if mode == PLAIN:
+                x = ONE
+            elif mode == DENSE:
+                x = values[k]
+            else:
+                x, e = value_at(values, vpos, k, e)
             j = indices[k]
             gj = state[j, G] + hg2 * (x * x)
             state[j, G] = gj
@@ -177,8 +192,15 @@ def online_pass(indptr, indices, values, labels, weights, order, state, totals, 
             totals[1] = n_norm
             return loss_sum, weight_sum, BAD_UPDATE, r
         n = 0
+        e = cur
         for k in range(a, b):
-            state[indices[k], W] -= np.float32(c * rate[n] * values[k])
+            if mode == PLAIN:
+                x = ONE
+            elif mode == DENSE:
+                x = values[k]
+            else:
+                x, e = value_at(values, vpos, k, e)
+            state[indices[k], W] -= np.float32(c * rate[n] * x)
             n += 1
         state[d, W] -= np.float32(c * rb)
     totals[0] = t
@@ -196,15 +218,26 @@ def zero_model_loss_sum(labels, weights, loss_id):
 
 
 @njit(cache=True, nogil=True)
-def restore_normalizers(indptr, indices, values, weights, state):
+def restore_normalizers(indptr, indices, values, vpos, weights, state):
     """Set s_j = max |x_j| over the rows of non-zero weight (what a completed pass leaves),
     intercept s = 1."""
     d = state.shape[0] - 1
+    cur = 0  # the cursor into vpos (solvers.kernels.values.row_start)
     for r in range(weights.shape[0]):
         if weights[r] == 0.0:
             continue
-        for k in range(indptr[r], indptr[r + 1]):
-            ax = abs(values[k])
+        a = indptr[r]
+        b = indptr[r + 1]
+        cur, mode = row_start(values, vpos, a, b, cur)
+        e = cur
+        for k in range(a, b):
+            if mode == PLAIN:
+                x = ONE
+            elif mode == DENSE:
+                x = values[k]
+            else:
+                x, e = value_at(values, vpos, k, e)
+            ax = abs(x)
             j = indices[k]
             if ax > state[j, S]:
                 state[j, S] = ax

@@ -14,6 +14,7 @@ import numpy as np
 from terascale.allreduce.communicator import Communicator
 from terascale.solvers.catalogue import loss_spec
 from terascale.solvers.data import CSRData
+from terascale.solvers.kernels.values import densified
 from terascale.solvers.scd.dual_problem import DualProblem
 from terascale.solvers.scd.params import CocoaParams, CocoaResult, CocoaState
 from terascale.solvers.scd.primal_problem import PrimalProblem
@@ -59,6 +60,7 @@ def train_cocoa(
     rounds (default: ``FORMULATIONS[params.formulation, params.partition]``, on the CPU; ``train_cocoa_gpu``
     passes the GPU problems of ``gpu_problem``).
     """
+    data = densified(data)  # the SCD kernels read one value per non-zero
     check_shard(data, params)
     t0 = time.perf_counter()
     clock = RoundClock(comm)

@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable
 
 from terascale.solvers.data import CSRData
+from terascale.solvers.kernels.values import densified
 from terascale.solvers.scd import api
 from terascale.solvers.scd.gpu_device import gpu_available, select_device, simulator_enabled
 from terascale.solvers.scd.gpu_local_solver import GpuDualLocalSolver, GpuPrimalLocalSolver
@@ -30,6 +31,7 @@ def train_cocoa_gpu(data: CSRData, comm, params, on_round_end: Callable | None =
     (``gpu_problem``; ``params.threads`` / ``bucket_size`` are ignored: the GPU's thread blocks
     are the parallelism). Without a usable GPU: a warning naming the reason and the CPU solver
     when ``fallback``, else RuntimeError."""
+    data = densified(data)  # the GPU kernels read one value per non-zero
     ok, reason = gpu_available()
     if not ok:
         if not fallback:

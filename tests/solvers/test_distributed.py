@@ -62,7 +62,7 @@ def test_same_optimum_for_any_number_of_ranks(problem, single, k, empty, solver)
 def _local_first_pass(shard, params):
     s = Shard.from_csr(shard)
     state = new_state(shard.n_features)
-    online_pass(s.indptr, s.indices, s.values, s.labels, s.weights, np.zeros(0, np.int64), state,
+    online_pass(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, np.zeros(0, np.int64), state,
                 np.zeros(2), LOSS_IDS[params.loss], params.learning_rate, params.invariant, 0,
                 s.n_rows, 0.0, 0.0)
     return state

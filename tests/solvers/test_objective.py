@@ -88,7 +88,7 @@ def test_empty_shard_contributes_nothing():
     s = Shard.from_csr(data.empty(6))
     grad = np.zeros(7)
     hess = np.zeros(7)
-    assert loss_grad_hess(s.indptr, s.indices, s.values, s.labels, s.weights, _theta(6), 0, grad, hess, 0, 0, 0.0) == (0.0, OK, -1)
+    assert loss_grad_hess(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, _theta(6), 0, grad, hess, 0, 0, 0.0) == (0.0, OK, -1)
     assert not grad.any() and not hess.any()
 
 
@@ -99,7 +99,7 @@ def test_non_finite_margin_is_reported_with_its_row():
     theta = np.zeros(7)
     theta[feature] = np.inf
     first = next(r for r in range(40) if feature in s.indices[s.indptr[r] : s.indptr[r + 1]])
-    _, status, row = loss_grad_hess(s.indptr, s.indices, s.values, s.labels, s.weights, theta, 0,
+    _, status, row = loss_grad_hess(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, theta, 0,
                                     np.zeros(7), np.zeros(0), 0, s.n_rows, 0.0)
     assert status == BAD_MARGIN and row == first
     ev = _objective(data, "logistic", l2=0.0).evaluate(theta)

@@ -90,7 +90,7 @@ def _kernel(data, loss, eta, invariant, order=None, passes=1):
     state = new_state(data.n_features)
     totals = np.zeros(2)
     order = np.zeros(0, np.int64) if order is None else order
-    outs = [online_pass(s.indptr, s.indices, s.values, s.labels, s.weights, order, state, totals,
+    outs = [online_pass(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, order, state, totals,
                         LOSS_IDS[loss], eta, invariant, 0, s.n_rows, 0.0, 0.0) for _ in range(passes)]
     return state, totals, outs
 
@@ -141,7 +141,7 @@ def test_restore_normalizers_equals_what_a_pass_leaves():
     data.weights[[0, 5]] = 0.0  # rows of weight 0 do not count
     state, _, _ = _kernel(data, "logistic", 0.5, True)
     fresh = new_state(data.n_features)
-    restore_normalizers(data.indptr, data.indices, data.values, data.weights, fresh)
+    restore_normalizers(data.indptr, data.indices, data.values, data.vpos, data.weights, fresh)
     np.testing.assert_array_equal(fresh[:, S], state[:, S])
 
 
@@ -175,7 +175,7 @@ def test_a_pass_in_chunks_equals_one_call():
         state = new_state(data.n_features)
         totals = np.zeros(2)
         for start, stop in ((0, 7), (7, 8), (8, 8), (8, data.n_rows)):
-            online_pass(s.indptr, s.indices, s.values, s.labels, s.weights, order, state, totals,
+            online_pass(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, order, state, totals,
                         LOSS_IDS["logistic"], 0.5, True, start, stop, 0.0, 0.0)
         ref, tref, _ = _kernel(data, "logistic", 0.5, True, order=order if order.size else None)
         assert state.tobytes() == ref.tobytes() and totals.tobytes() == tref.tobytes()

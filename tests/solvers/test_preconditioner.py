@@ -99,7 +99,7 @@ def test_the_coarse_matrix_samples_every_stride_th_run_of_rows():
 
     t = np.zeros((table.size + 1, 2))
     load_column(theta, table.compact_of, t, 0)
-    used, status, _ = KC.coarse_rows(s.indptr, s.indices, s.values, s.labels, s.weights, t,
+    used, status, _ = KC.coarse_rows(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, t,
                                      group[table.compact_of], sizes.size, LOSS_IDS["logistic"], 0,
                                      s.n_rows, 3, E)
     rows = np.r_[0 : SAMPLE_RUN, 3 * SAMPLE_RUN : n]
