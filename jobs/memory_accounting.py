@@ -15,7 +15,8 @@ features of the shard, m = ``lbfgs_memory``. Each term belongs to one category:
   weights float32: 8·(n+1) + 8·z + 8·n; a rank counts its arrays' bytes, ``CSRData.nbytes``:
   a binary shard holds no values); while reading, the Arrow tables beside it: indices 4·z, values
   4·z_v (z_v: the non-zeros with explicit values), offsets, labels, weights 16·n; while splitting
-  off the held-out rows a second CSR; CoCoA's renumbered copy of the indices 4·z and
+  off the held-out rows (or gathering rows) a second CSR, beside the Arrow tables' memory, which
+  pyarrow's memory pool keeps resident after the read (measured: docs/design-notes.md); CoCoA's renumbered copy of the indices 4·z and
   ``partition=redeal``'s gathered rows (workers × the CSR, twice while gathering).
 - ``model_state``: online (and the hybrid's first passes): the w, G, s table, 3 float32 per
   feature, 12·(D+1); the weights as float64 (start, current and best) 24·(D+1); the active
@@ -52,6 +53,7 @@ READ, SPLIT = "read", "split"
 SOLVER_PHASES = {"online": "online passes", "lbfgs": "L-BFGS", "cocoa": "CoCoA rounds"}
 CSR_TERM = "shard CSR"
 BASELINE_TERM = "process baseline"
+ARROW_KEPT_TERM = "Arrow tables kept by the memory pool"
 
 
 def fmt_bytes(b: float) -> str:
@@ -121,25 +123,29 @@ class Accounting:
     def __post_init__(self) -> None:
         self.peak_phase = max(self.phases, key=lambda k: sum(b for _, b in self.phases[k].values()))
 
+    def terms_at(self, phase: str | None = None) -> dict[str, int]:
+        """The terms of ``phase`` (default: the peak), bytes."""
+        return {k: b for k, (_, b) in {**self.base, **self.phases[phase or self.peak_phase]}.items()}
+
     @property
     def terms(self) -> dict[str, int]:
         """The terms at the peak, bytes (the preflight's ``terms``)."""
-        return {k: b for k, (_, b) in {**self.base, **self.phases[self.peak_phase]}.items()}
+        return self.terms_at()
 
     @property
     def total(self) -> int:
         return sum(self.terms.values())
 
-    def breakdown(self) -> dict[str, dict[str, int]]:
-        """{category: {term: bytes}} at the peak, every category present (empty when none)."""
+    def breakdown(self, phase: str | None = None) -> dict[str, dict[str, int]]:
+        """{category: {term: bytes}} in ``phase`` (default: the peak), every category present."""
         out: dict[str, dict[str, int]] = {c: {} for c in CATEGORIES}
-        for name, (cat, b) in {**self.base, **self.phases[self.peak_phase]}.items():
+        for name, (cat, b) in {**self.base, **self.phases[phase or self.peak_phase]}.items():
             out[cat][name] = b
         return out
 
-    def categories(self) -> dict[str, int]:
-        """{category: bytes} at the peak; the values sum to :attr:`total`."""
-        return {c: sum(t.values()) for c, t in self.breakdown().items()}
+    def categories(self, phase: str | None = None) -> dict[str, int]:
+        """{category: bytes} in ``phase`` (default: the peak); at the peak they sum to :attr:`total`."""
+        return {c: sum(t.values()) for c, t in self.breakdown(phase).items()}
 
     def phase_totals(self) -> dict[str, int]:
         """Each phase's total (base + its terms), bytes."""
@@ -157,10 +163,13 @@ def account(plan: Plan, s: Sizes, baseline: int) -> Accounting:
     if redeal:
         csr *= plan.workers  # every rank gathers all rows
     base = {BASELINE_TERM: (PROCESS_BASELINE, baseline), CSR_TERM: (SHARD, csr)}
-    read = {"Arrow tables while reading": (SHARD, 4 * z + 4 * s.nnz_values + 16 * n)}
+    arrow = 4 * z + 4 * s.nnz_values + 16 * n
+    read = {"Arrow tables while reading": (SHARD, arrow)}
     split = {"held-out split copy": (SHARD, csr)} if plan.holdout and spec.holdout else {}
     if redeal:
         split = {"rows in flight while gathering": (SHARD, csr)}
+    if split:  # pyarrow's memory pool still holds the read's tables (docs/design-notes.md, "Memory you can see")
+        split[ARROW_KEPT_TERM] = (SHARD, arrow)
     online = {
         "online table w, G, s (12 B x 2^bits)": (MODEL_STATE, 12 * (D + 1)),
         "float64 weights, start, current and best (24 B x 2^bits)": (MODEL_STATE, 24 * (D + 1)),

@@ -7,7 +7,8 @@ Spark Python worker does not report an earlier task's peak. Where the reset is r
 "peak" is the high-water mark when it ends (the peak so far; ``hwm_reset`` is False), and without
 ``/proc`` (macOS) ``ru_maxrss`` stands in for the high-water mark and the RSS alike.
 
-The task's peak is the largest of its phase peaks (and the baseline); every figure is bytes.
+The first phase starts at the baseline (its peak is at least that); the task's peak is the
+largest of its phase peaks. Every figure is bytes.
 """
 
 from __future__ import annotations
@@ -74,12 +75,14 @@ class MemoryProbe:
 
     def end_phase(self, name: str) -> int:
         """Record the peak of the phase that ends now (module docstring); returns it."""
-        peak = self.phase_peaks[name] = max(self.phase_peaks.get(name, 0), hwm_bytes())
+        floor = self.baseline if not self.phase_peaks else 0  # the first phase starts at the baseline
+        peak = self.phase_peaks[name] = max(self.phase_peaks.get(name, 0), hwm_bytes(), floor)
         if self.hwm_reset:
             self.hwm_reset = reset_hwm()
         return peak
 
     @property
     def peak(self) -> int:
-        """The largest resident set of the task so far."""
-        return max(self.baseline, hwm_bytes(), *self.phase_peaks.values())
+        """The largest resident set of the task: the largest phase peak (the high-water mark so
+        far while no phase has ended)."""
+        return max(self.phase_peaks.values()) if self.phase_peaks else max(self.baseline, hwm_bytes())

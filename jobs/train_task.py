@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from terascale.allreduce.lazy import LazyCommunicator
 from terascale.jobs import checkpoint
 from terascale.jobs import progress as progress_file
-from terascale.jobs.memory_accounting import SOLVER_PHASES, Plan, Sizes, account
+from terascale.jobs.memory_accounting import READ, SOLVER_PHASES, SPLIT, Plan, Sizes, account
 from terascale.jobs.memory_probe import MemoryProbe
 from terascale.jobs.resume import ResumeAgreement, ResumeRestart
 from terascale.pipeline import fsutil, modeldir
@@ -257,15 +257,18 @@ def _memory(probe: MemoryProbe, spec: TaskSpec, ctx, shard: dict, history: list[
     plan = Plan.of(spec.params, shard["holdout"], ctx.num_shards, ctx.net.chunk_bytes)
     acc = account(plan, Sizes(D, shard["rows"], shard["nnz"], shard["nnz_values"], d, csr=shard["csr_bytes"]),
                   probe.baseline)
-    solver_phases = [SOLVER_PHASES[p] for p in solver_spec(spec.params.solver).phases]
     totals = acc.phase_totals()
-    breakdown = acc.categories()
+    groups = {"read": [READ, SPLIT], "solver": [SOLVER_PHASES[p] for p in solver_spec(spec.params.solver).phases]}
+    # the breakdown at the accounting's phase of the measured peak: what it leaves out is unaccounted
+    measured = max(probe.phase_peaks, key=probe.phase_peaks.get)
+    at = max(groups[measured], key=totals.get)
+    cats, terms = acc.categories(at), acc.terms_at(at)
     return {
         "peak_rss_bytes": peak, "baseline_rss_bytes": probe.baseline, "phase_peaks": dict(probe.phase_peaks),
-        "hwm_reset": probe.hwm_reset, "peak_phase_estimated": acc.peak_phase,
-        "breakdown": breakdown, "terms": acc.terms, "unaccounted_bytes": peak - sum(breakdown.values()),
-        "phase_estimates": {"read": max(totals["read"], totals["split"]), "solver": max(totals[p] for p in solver_phases)},
-        "active_features": d, "active_features_from": source,
+        "hwm_reset": probe.hwm_reset, "breakdown_phase": at, "breakdown": cats, "terms": terms,
+        "unaccounted_bytes": peak - sum(cats.values()),
+        "phase_estimates": {k: max(totals[p] for p in v) for k, v in groups.items()},
+        "peak_phase_estimated": acc.peak_phase, "active_features": d, "active_features_from": source,
     }
 
 
