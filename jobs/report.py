@@ -84,6 +84,10 @@ _COLORS = dict(zip((*CATEGORIES, "unaccounted"), ("#8c8c8c", "#4c72b0", "#55a868
                    strict=True))
 
 
+def _label(category: str) -> str:
+    return category.replace("_", " ").replace("lbfgs", "L-BFGS")
+
+
 def _memory_plot(ranks: list[dict], estimate: dict) -> bytes:
     """One stacked bar per rank (its accounting's categories + what they leave unaccounted, so the
     bar's top is the measured peak) and one for the driver's estimate; a tick at each measured peak."""
@@ -98,11 +102,12 @@ def _memory_plot(ranks: list[dict], estimate: dict) -> bytes:
     for cat in (*CATEGORIES, "unaccounted"):
         vals = [(max(u, 0) if cat == "unaccounted" else b.get(cat, 0)) / mib for _, b, u, _ in bars]
         if any(vals):
-            ax.bar(x, vals, bottom=bottom, color=_COLORS[cat], label=cat.replace("_", " "))
+            ax.bar(x, vals, bottom=bottom, color=_COLORS[cat], label=_label(cat))
             bottom = [a + v for a, v in zip(bottom, vals, strict=True)]
     peaks = [(i, p / mib) for i, (_, _, _, p) in enumerate(bars) if p is not None]
     ax.scatter([i for i, _ in peaks], [p for _, p in peaks], marker="_", s=900, color="black", label="measured peak RSS", zorder=3)
     ax.set_xticks(list(x), [name for name, *_ in bars])
+    ax.set_ylim(0, 1.05 * max([*bottom, *(p for _, p in peaks)]))
     ax.set_ylabel("MiB")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _png(fig)
@@ -222,7 +227,7 @@ def _memory_section(meta: dict, images: dict[str, bytes]) -> list[str]:
          for r in measured for m in [r["memory"]]]))
     cats = [c for c in CATEGORIES if any(r["memory"]["breakdown"].get(c) for r in measured) or (est.get("categories") or {}).get(c)]
     head = ["category", *[f"rank {r['rank']}" for r in measured], *(["estimate"] if est.get("categories") else [])]
-    rows = [[c.replace("_", " "), *[fmt_bytes(r["memory"]["breakdown"].get(c, 0)) for r in measured],
+    rows = [[_label(c), *[fmt_bytes(r["memory"]["breakdown"].get(c, 0)) for r in measured],
              *([fmt_bytes(est["categories"].get(c, 0))] if est.get("categories") else [])] for c in cats]
     rows.append(["unaccounted (peak − accounted)", *[fmt_bytes(r["memory"]["unaccounted_bytes"]) for r in measured],
                  *(["—"] if est.get("categories") else [])])
