@@ -17,6 +17,7 @@ import sys
 import time
 
 from terascale.jobs.config import ConfigError, load_config, render_yaml
+from terascale.jobs.memory_accounting import memory_line
 from terascale.jobs.steps import (
     check_metrics_out,
     evaluate,
@@ -111,6 +112,7 @@ def cmd_train(args) -> int:
     meta = train(cfg, args.input, args.model)
     _say(f"trained {args.model}")
     print(train_summary(meta))
+    print(f"  memory             {memory_line(meta)}")
     return 0
 
 

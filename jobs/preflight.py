@@ -1,36 +1,15 @@
 """The train job's memory preflight: a rank's peak memory, estimated on the driver before Spark.
 
 Pure arithmetic over the manifest, the planned shards and the configuration (no Spark, no
-data read). Sizes, with D = 2^bits features, n rows and z non-zeros in the rank's shard (the
-largest shard plan_shards made), d ≤ min(D, the dataset's non-zeros) active features (every
-feature with a warm start), f ≤ min(D, z) features of the shard, m = ``lbfgs_memory``:
-
-- shard CSR (README "Memory": about 8 bytes per non-zero and 16 per row): indptr int64, indices
-  int32, values float32, labels and weights float32: 8·(n+1) + 8·z + 8·n.
-- while reading: the Arrow tables beside the CSR: indices 4·z, values 4·z_v (z_v: the
-  non-zeros of rows with explicit values, from the manifest's ``rows_with_values``), offsets,
-  labels, weights 16·n; while splitting off the held-out rows: a second CSR.
-- online (and the hybrid's first passes): the w, G, s table, 3 float32 per feature, 12·(D+1);
-  the weights as float64 (start, current and best) 24·(D+1); the active features' position map int32
-  4·D and presence marks 1·D, their ids 8·d; the averaging vector and its sum 16·(d+1); the
-  returned float32 weights 4·D.
-- L-BFGS: the pairs, 2·m float32 per active feature, 8·m·(d+1); about ten float64 vectors
-  over the active features (iterate, gradient, preconditioner, direction, trial point and its
-  gradient, two-loop work) 80·(d+1); the gradient + Hessian AllReduce buffer and its sum
-  32·(d+1); full-length float64 weights (start, current, best) 24·(D+1); feature maps (active
-  position, local slot) 8·D; the local table (3 float64 + an int64 id per own feature)
-  32·(f+1); the returned float32 weights 4·D. The hybrid peaks in one of its two phases.
-- CoCoA: w, its update, u over all features and the round's AllReduce vector and sum
-  40·(D+1); a renumbered copy of the indices 4·z; dual variables, updates and messages 48·n;
-  per thread replicas 16·threads·(f+1) and the local vectors 24·(f+1); feature counts 4·D;
-  the returned weights 8·D;
-  ``partition=redeal`` gathers every rank's rows (workers × the CSR, twice while gathering).
-- AllReduce chunk buffers 3·``allreduce.chunk_bytes``, and the process itself
-  (:data:`BASELINE_BYTES`: Python, numpy, pyarrow, numba's compiled kernels, the Spark worker).
+data read), through the accounting the ranks use too (:mod:`jobs.memory_accounting`: its
+docstring has every term, in the categories process baseline, shard, model state, L-BFGS memory
+and buffers) fed the largest shard plan_shards made, D = 2^bits, a bound on the active features
+(:func:`active_bound`, every feature with a warm start) and :data:`BASELINE_BYTES` for the process.
 
 needed = baseline + CSR + max(read, split, each solver phase's state + buffers). These are upper bounds
 of what the solvers allocate; the measured peak RSS of every rank is in the model's
-``per_rank`` beside the estimate (``metadata["memory_estimate"]``).
+``per_rank[i]["memory"]`` (its peak, baseline, per-phase peaks and the same accounting over its
+real sizes) beside the estimate (``metadata["memory_estimate"]``).
 
 The memory one rank may use: ``train.rank_memory_mb`` when set; else
 ``spark.executor.pyspark.memory`` divided by the executor's cores (as Spark splits it between
@@ -48,10 +27,11 @@ import re
 from dataclasses import dataclass, field
 
 from terascale.jobs.config import ConfigError
-from terascale.solvers.catalogue import solver_spec
+from terascale.jobs.memory_accounting import CSR_TERM, Plan, Sizes, account
+from terascale.jobs.memory_accounting import fmt_bytes as _fmt
 
 MIB = 1 << 20
-BASELINE_BYTES = 448 * MIB  # one Python worker's RSS before its shard (see module docstring)
+BASELINE_BYTES = 400 * MIB  # one Spark Python worker with its kernels loaded (measured: docs/design-notes.md)
 _UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 
 
@@ -89,13 +69,6 @@ def shard_sizes(shards, manifest: dict) -> list[ShardSize]:
     return out
 
 
-def _fmt(b: float) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(b) >= size:
-            return f"{b / size:.1f} {unit}"
-    return f"{int(b)} B"
-
-
 @dataclass
 class Estimate:
     terms: dict[str, int]  # the terms at the peak, bytes
@@ -104,13 +77,16 @@ class Estimate:
     available: int | None = None
     source: str = "unknown"
     shard: dict = field(default_factory=dict)
+    categories: dict[str, int] = field(default_factory=dict)  # jobs.memory_accounting.CATEGORIES at the peak
+    phase_totals: dict[str, int] = field(default_factory=dict)  # every phase's total
 
     def fits(self) -> bool:
         return self.available is None or self.needed <= self.available
 
     def to_json(self) -> dict:
         return {"needed_bytes": self.needed, "available_bytes": self.available, "available_from": self.source,
-                "peak_phase": self.phase, "terms": dict(self.terms), "shard": dict(self.shard)}
+                "peak_phase": self.phase, "terms": dict(self.terms), "shard": dict(self.shard),
+                "categories": dict(self.categories), "phase_totals": dict(self.phase_totals)}
 
     def summary(self, top: int = 4) -> str:
         biggest = sorted(self.terms.items(), key=lambda kv: -kv[1])[:top]
@@ -130,52 +106,13 @@ def estimate(t, n_features: int, shard: ShardSize, active: int, workers: int, ch
     its solver, lbfgs_memory, holdout_period, threads, partition); ``active``: a bound on the
     features in the data (:func:`active_bound`)."""
     D = n_features
-    n, z = shard.rows, shard.nnz
     d = D if warm_start else min(D, active)
-    f = min(D, z, active)
-    spec = solver_spec(t.solver)
-    redeal = "cocoa" in spec.phases and t.partition == "redeal"
-    csr = 8 * (n + 1) + 8 * z + 8 * n
-    if redeal:
-        csr *= workers  # every rank gathers all rows
-    base = {"process baseline": BASELINE_BYTES, "shard CSR": csr}
-    read = {"Arrow tables while reading": 4 * z + 4 * shard.nnz_values + 16 * n}
-    split = {"held-out split copy": csr} if t.holdout_period > 0 and spec.holdout else {}
-    if redeal:
-        split = {"rows in flight while gathering": csr}
-    online = {
-        "online table w, G, s (12 B x 2^bits)": 12 * (D + 1),
-        "float64 weights, start, current and best (24 B x 2^bits)": 24 * (D + 1),
-        "feature maps and marks (5 B x 2^bits)": 5 * D,
-        "averaging vectors (24 B x active features)": 24 * (d + 1),
-        "returned float32 weights": 4 * D,
-    }
-    lbfgs = {
-        f"L-BFGS pairs (2 x {t.lbfgs_memory} float32 x active features)": 8 * t.lbfgs_memory * (d + 1),
-        "L-BFGS vectors (10 float64 x active features)": 80 * (d + 1),
-        "gradient/Hessian AllReduce (32 B x active features)": 32 * (d + 1),
-        "float64 weights, start, current and best (24 B x 2^bits)": 24 * (D + 1),
-        "feature maps (8 B x 2^bits)": 8 * D,
-        "local table (32 B x shard features)": 32 * (f + 1),
-        "returned float32 weights": 4 * D,
-    }
-    cocoa = {
-        "CoCoA shared vectors (40 B x 2^bits)": 40 * (D + 1),
-        "renumbered indices (4 B x shard non-zeros)": 4 * z,
-        "dual variables and messages (48 B x shard rows)": 48 * n,
-        f"thread replicas ({t.threads} x 16 B x shard features)": 16 * t.threads * (f + 1),
-        "local vectors (24 B x shard features)": 24 * (f + 1),
-        "feature counts (4 B x 2^bits)": 4 * D,
-        "returned weights (8 B x 2^bits)": 8 * D,
-    }
-    by_phase = {"online": ("online passes", online), "lbfgs": ("L-BFGS", lbfgs), "cocoa": ("CoCoA rounds", cocoa)}
-    states = dict(by_phase[p] for p in spec.phases)
-    phases = {"read": read, "split": split}
-    phases.update({k: {**v, "AllReduce chunk buffers": 3 * chunk_bytes} for k, v in states.items()})
-    phase = max(phases, key=lambda k: sum(phases[k].values()))
-    terms = {**base, **phases[phase]}
-    return Estimate(terms, phase, sum(terms.values()),
-                    shard={"rows": n, "nnz": z, "active_features_bound": d, "n_features": D})
+    acc = account(Plan.of(t, t.holdout_period > 0, workers, chunk_bytes),
+                  Sizes(D, shard.rows, shard.nnz, shard.nnz_values, d, features=min(D, shard.nnz, active)),
+                  BASELINE_BYTES)
+    return Estimate(acc.terms, acc.peak_phase, acc.total,
+                    shard={"rows": shard.rows, "nnz": shard.nnz, "active_features_bound": d, "n_features": D},
+                    categories=acc.categories(), phase_totals=acc.phase_totals())
 
 
 def available(conf: dict[str, str], master: str, ranks: int, rank_memory_mb: int = 0,
@@ -215,7 +152,7 @@ def check(est: Estimate, mode: str, workers: int, bits: int) -> str | None:
     does not fit; None when it fits or nothing is known."""
     if mode == "off" or est.fits():
         return None
-    fixes = [f"more workers (train.workers={workers}: the shard shrinks)" if est.terms.get("shard CSR", 0) > est.needed // 4 else None,
+    fixes = [f"more workers (train.workers={workers}: the shard shrinks)" if est.terms.get(CSR_TERM, 0) > est.needed // 4 else None,
              f"fewer feature bits (featurize.bits={bits}; every bit less halves the 2^bits terms)" if bits > 16 else None,
              "more memory per task (spark.executor.pyspark.memory, spark.executor.memoryOverhead, "
              "fewer cores per executor, or train.rank_memory_mb if the limit above is wrong)",

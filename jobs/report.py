@@ -5,6 +5,10 @@ Writes ``report.html`` (self-contained: the PNG plots are embedded) plus the PNG
 
 - the training objective and the held-out loss per pass, and against elapsed time;
 - each rank's compute / stall / transfer seconds per pass (the terascale paper's Table 2 view);
+- each rank's memory: its measured peak RSS, baseline and phase peaks, and the breakdown of the
+  shared accounting (``jobs.memory_accounting``: process baseline, shard, model state, L-BFGS
+  memory, buffers, and what it leaves unaccounted) beside the driver's preflight estimate, as a
+  table and a stacked bar per rank;
 - with ``--eval`` (the JSON that ``terascale evaluate --out`` writes): ROC and precision-recall
   curves and a calibration plot, with the metrics.
 """
@@ -23,10 +27,11 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from terascale.jobs.memory_accounting import CATEGORIES, fmt_bytes  # noqa: E402
 from terascale.pipeline import modeldir  # noqa: E402
 from terascale.pipeline.redact import redact  # noqa: E402
 
-PLOTS = ("objective_by_pass", "objective_by_time", "rank_timings", "roc", "precision_recall", "calibration")
+PLOTS = ("objective_by_pass", "objective_by_time", "rank_timings", "memory", "roc", "precision_recall", "calibration")
 
 
 def _png(fig) -> bytes:
@@ -72,6 +77,39 @@ def _timings_plot(history: list[dict]) -> bytes:
         ax.set_xlabel("pass")
     axes[0][0].set_ylabel("seconds")
     axes[0][0].legend(fontsize=8)
+    return _png(fig)
+
+
+_COLORS = dict(zip((*CATEGORIES, "unaccounted"), ("#8c8c8c", "#4c72b0", "#55a868", "#c44e52", "#dd8452", "#ccb974"),
+                   strict=True))
+
+
+def _label(category: str) -> str:
+    return category.replace("_", " ").replace("lbfgs", "L-BFGS")
+
+
+def _memory_plot(ranks: list[dict], estimate: dict) -> bytes:
+    """One stacked bar per rank (its accounting's categories + what they leave unaccounted, so the
+    bar's top is the measured peak) and one for the driver's estimate; a tick at each measured peak."""
+    bars = [(f"rank {r['rank']}", r["memory"]["breakdown"], r["memory"]["unaccounted_bytes"], r["memory"]["peak_rss_bytes"])
+            for r in ranks]
+    if estimate.get("categories"):
+        bars.append(("estimate", estimate["categories"], 0, None))
+    fig, ax = plt.subplots(figsize=(min(1.6 * len(bars) + 3.0, 12), 3.8))
+    mib = float(1 << 20)
+    x = range(len(bars))
+    bottom = [0.0] * len(bars)
+    for cat in (*CATEGORIES, "unaccounted"):
+        vals = [(max(u, 0) if cat == "unaccounted" else b.get(cat, 0)) / mib for _, b, u, _ in bars]
+        if any(vals):
+            ax.bar(x, vals, bottom=bottom, color=_COLORS[cat], label=_label(cat))
+            bottom = [a + v for a, v in zip(bottom, vals, strict=True)]
+    peaks = [(i, p / mib) for i, (_, _, _, p) in enumerate(bars) if p is not None]
+    ax.scatter([i for i, _ in peaks], [p for _, p in peaks], marker="_", s=900, color="black", label="measured peak RSS", zorder=3)
+    ax.set_xticks(list(x), [name for name, *_ in bars])
+    ax.set_ylim(0, 1.05 * max([*bottom, *(p for _, p in peaks)]))
+    ax.set_ylabel("MiB")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _png(fig)
 
 
@@ -122,6 +160,9 @@ def build_report(model_dir: str, eval_json: str | None = None, out_dir: str | No
         "objective_by_time": _curve_plot(h, "time"),
         "rank_timings": _timings_plot(h),
     }
+    measured = [r for r in meta["per_rank"] if r.get("memory")]
+    if measured:
+        images["memory"] = _memory_plot(sorted(measured, key=lambda r: r["rank"]), meta.get("memory_estimate") or {})
     if metrics and metrics.get("curves"):
         c = metrics["curves"]
         images["roc"] = _roc_plot(c["roc"], metrics["auroc"])
@@ -145,6 +186,53 @@ def _img(name: str, data: bytes, caption: str) -> str:
 
 def _table(rows: list[tuple[str, str]]) -> str:
     return "<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows) + "</table>"
+
+
+def _grid(head: list[str], rows: list[list[str]]) -> str:
+    return ("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows) + "</table>")
+
+
+def _memory_section(meta: dict, images: dict[str, bytes]) -> list[str]:
+    """Memory per rank: measured peak, baseline and phase peaks; the accounting's breakdown by
+    category beside the driver's estimate (``memory_estimate``)."""
+    ranks = sorted(meta["per_rank"], key=lambda r: r["rank"])
+    est = meta.get("memory_estimate") or {}
+    if not any("peak_rss_bytes" in r for r in ranks):
+        return []
+    out = ["<h2>Memory per rank</h2>"]
+    if est.get("needed_bytes"):
+        out.append("<p>" + html.escape(
+            f"The driver's preflight estimated {fmt_bytes(est['needed_bytes'])} for the largest shard at its "
+            f"{est.get('peak_phase', '?')} peak; a rank may use "
+            + (fmt_bytes(est["available_bytes"]) if est.get("available_bytes") else "an unknown amount")
+            + f" ({est.get('available_from', '?')}).") + "</p>")
+    measured = [r for r in ranks if r.get("memory")]
+    if "memory" in images:
+        out.append(_img("memory", images["memory"], "each rank's accounting by category up to its measured peak RSS "
+                        "(the rest unaccounted), and the driver's estimate"))
+    if not measured:  # a model trained before per-rank accounting: the peaks only
+        out.append(_grid(["rank", "peak RSS", "estimate"],
+                         [[str(r["rank"]), fmt_bytes(r["peak_rss_bytes"]), fmt_bytes(est.get("needed_bytes", 0))] for r in ranks]))
+        return out
+    phases = sorted({p for r in measured for p in r["memory"]["phase_peaks"]}, key=lambda p: (p != "read", p))
+    out.append(_grid(
+        ["rank", "peak RSS", "baseline RSS", *[f"peak while {p}" for p in phases], "accounted", "unaccounted",
+         "estimate", "measured / estimate"],
+        [[str(r["rank"]), fmt_bytes(m["peak_rss_bytes"]), fmt_bytes(m["baseline_rss_bytes"]),
+          *[fmt_bytes(m["phase_peaks"].get(p, 0)) for p in phases],
+          fmt_bytes(sum(m["breakdown"].values())), fmt_bytes(m["unaccounted_bytes"]),
+          fmt_bytes(est.get("needed_bytes", 0)),
+          f"{m['peak_rss_bytes'] / est['needed_bytes']:.2f}" if est.get("needed_bytes") else "n/a"]
+         for r in measured for m in [r["memory"]]]))
+    cats = [c for c in CATEGORIES if any(r["memory"]["breakdown"].get(c) for r in measured) or (est.get("categories") or {}).get(c)]
+    head = ["category", *[f"rank {r['rank']}" for r in measured], *(["estimate"] if est.get("categories") else [])]
+    rows = [[_label(c), *[fmt_bytes(r["memory"]["breakdown"].get(c, 0)) for r in measured],
+             *([fmt_bytes(est["categories"].get(c, 0))] if est.get("categories") else [])] for c in cats]
+    rows.append(["unaccounted (peak − accounted)", *[fmt_bytes(r["memory"]["unaccounted_bytes"]) for r in measured],
+                 *(["—"] if est.get("categories") else [])])
+    out.append("<h3>Breakdown</h3>" + _grid(head, rows))
+    return out
 
 
 def _html(meta: dict, metrics: dict | None, images: dict[str, bytes]) -> str:
@@ -173,6 +261,7 @@ def _html(meta: dict, metrics: dict | None, images: dict[str, bytes]) -> str:
         "<h2>Per-rank time per pass</h2>",
         _img("rank_timings", images["rank_timings"], "compute, stall (waiting for the slowest rank) and transfer seconds"),
         _table(ranks),
+        *_memory_section(meta, images),
     ]
     if metrics is not None:
         parts += ["<h2>Evaluation</h2>", _table([

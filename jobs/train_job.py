@@ -176,7 +176,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     rank0 = next(r for r in res.results if r["rank"] == 0)
     per_rank = [{k: r[k] for k in ("rank", "shard", "attempt_id", "spare", "rows", "nnz", "holdout_rows",
                                    "csr_bytes", "read_s", "warm_wait_s", "seconds", "resumed_from_pass", "peak_rss_bytes",
-                                   "numpy_madvise_hugepage")}
+                                   "numpy_madvise_hugepage", "memory")}
                 for r in res.results]
     metadata = {
         "spec": spec,
@@ -202,5 +202,8 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
         fsutil.delete(staging)
         raise
     run_ckpt.finish()
+    log.info("train: peak RSS per rank %s MiB (estimate %.0f MiB)",
+             ", ".join(f"{r['peak_rss_bytes'] / 2**20:.0f}" for r in sorted(per_rank, key=lambda r: r["rank"])),
+             memory["needed_bytes"] / 2**20)
     log.info("train: objective %.6g after %d passes -> %s", rank0["objective"], len(rank0["history"]), model_dir)
     return metadata

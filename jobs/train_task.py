@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from terascale.allreduce.lazy import LazyCommunicator
 from terascale.jobs import checkpoint
 from terascale.jobs import progress as progress_file
+from terascale.jobs.memory_accounting import READ, SOLVER_PHASES, SPLIT, Plan, Sizes, account
+from terascale.jobs.memory_probe import MemoryProbe
 from terascale.jobs.resume import ResumeAgreement, ResumeRestart
 from terascale.pipeline import fsutil, modeldir
 from terascale.pipeline.dataset import ShardPart, read_shard
@@ -132,6 +134,7 @@ def _read(spec: TaskSpec, ctx):
 
 def run_train_task(ctx, spec: TaskSpec) -> dict:
     t0 = time.perf_counter()
+    probe = MemoryProbe()  # the process baseline: before the warm-up and the shard
     # load the solver's compiled kernels while pyarrow reads the shard (solvers.warmup)
     warming = start_warm_up(spec.params, spec.holdout_period, bool(spec.groups_path))
     train_data, holdout, csr_bytes = _read(spec, ctx)
@@ -139,6 +142,8 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
     if warming is not None:
         warming.join()
     warm_wait_s = time.perf_counter() - t0 - read_s  # the warm-up's time beyond the read
+    shard_sizes = _shard_sizes(train_data, holdout, csr_bytes)
+    probe.end_phase("read")
     found = _resume(spec, ctx.shard, ctx.attempt)
     resume = None if found is None else found[1]
     resumed_from = None if found is None else found[0].pass_no
@@ -211,7 +216,6 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
         "rows": train_data.n_rows, "nnz": train_data.nnz, "holdout_rows": 0 if holdout is None else holdout.n_rows,
         "csr_bytes": csr_bytes, "read_s": read_s, "warm_wait_s": warm_wait_s, "seconds": time.perf_counter() - t0,
         "resumed_from_pass": resumed_from,
-        "peak_rss_bytes": _peak_rss(),
         "numpy_madvise_hugepage": os.environ.get("NUMPY_MADVISE_HUGEPAGE"),  # jobs.session.EXECUTOR_ENV
     }
     if comm.rank == 0:
@@ -222,7 +226,49 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
             "totals": {"train_rows": int(counts[0]), "train_nnz": int(counts[1]), "holdout_rows": int(counts[2]),
                        "csr_bytes": int(counts[3])},
         })
+    out["memory"] = _memory(probe, spec, ctx, shard_sizes, result.history)
+    out["peak_rss_bytes"] = out["memory"]["peak_rss_bytes"]
     return out
+
+
+def _shard_sizes(train_data, holdout, csr_bytes: int) -> dict:
+    """The rank's shard as read (both halves of its held-out split), for the memory accounting."""
+    parts = [train_data] if holdout is None else [train_data, holdout]
+    return {"rows": sum(p.n_rows for p in parts), "nnz": sum(p.nnz for p in parts),
+            "nnz_values": sum(p.values.size for p in parts), "csr_bytes": int(csr_bytes), "holdout": holdout is not None}
+
+
+def _memory(probe: MemoryProbe, spec: TaskSpec, ctx, shard: dict, history: list[dict]) -> dict:
+    """per_rank[i]["memory"]: the measured peak, baseline and phase peaks ("read": kernels' warm-up,
+    the read and the split; "solver": the rest of the task) beside the shared accounting
+    (``jobs.memory_accounting``) over this rank's real sizes and its measured baseline. The active
+    features: the L-BFGS phase's agreed count, every feature with a warm start, else a bound."""
+    probe.end_phase("solver")
+    peak = probe.peak
+    D = spec.n_features
+    agreed = next((h["active_features"] for h in history if "active_features" in h), None)
+    if spec.init_weights:
+        d, source = D, "warm start: every feature"
+    elif agreed is not None:
+        d, source = int(agreed), "the L-BFGS phase's active set"
+    else:
+        d, source = min(D, shard["nnz"]), "bound: min(2^bits, the shard's non-zeros)"
+    plan = Plan.of(spec.params, shard["holdout"], ctx.num_shards, ctx.net.chunk_bytes)
+    acc = account(plan, Sizes(D, shard["rows"], shard["nnz"], shard["nnz_values"], d, csr=shard["csr_bytes"]),
+                  probe.baseline)
+    totals = acc.phase_totals()
+    groups = {"read": [READ, SPLIT], "solver": [SOLVER_PHASES[p] for p in solver_spec(spec.params.solver).phases]}
+    # the breakdown at the accounting's phase of the measured peak: what it leaves out is unaccounted
+    measured = max(probe.phase_peaks, key=probe.phase_peaks.get)
+    at = max(groups[measured], key=totals.get)
+    cats, terms = acc.categories(at), acc.terms_at(at)
+    return {
+        "peak_rss_bytes": peak, "baseline_rss_bytes": probe.baseline, "phase_peaks": dict(probe.phase_peaks),
+        "hwm_reset": probe.hwm_reset, "breakdown_phase": at, "breakdown": cats, "terms": terms,
+        "unaccounted_bytes": peak - sum(cats.values()),
+        "phase_estimates": {k: max(totals[p] for p in v) for k, v in groups.items()},
+        "peak_phase_estimated": acc.peak_phase, "active_features": d, "active_features_from": source,
+    }
 
 
 def _where(spec: TaskSpec, rank: int) -> str:
@@ -261,13 +307,3 @@ def _load_pass(spec: TaskSpec, rank: int, attempt: int, pass_no: int) -> dict:
         return _fits(spec, entry, checkpoint.load(entry))
     except checkpoint.CorruptCheckpoint as e:
         raise checkpoint.CheckpointError(f"the agreed resume pass {pass_no} is unusable on rank {rank}: {e}") from None
-
-
-def _peak_rss() -> int:
-    try:
-        import resource
-
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-    except Exception:  # noqa: BLE001 - not every platform has it
-        return 0
-

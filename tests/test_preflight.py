@@ -64,7 +64,8 @@ def test_estimate_exact_for_every_solver():
     csr = 8 * (10_000_001) + 8 * 390_000_000 + 8 * 10_000_000
     assert (e.phase, e.needed) == ("read", BASELINE_BYTES + csr + 4 * 390_000_000 + 16 * 10_000_000)
     e = estimate(_train("train.solver=online", "train.holdout_period=10"), 1 << 10, big, 390_000_000, 2, 1 << 20)
-    assert (e.phase, e.needed) == ("split", BASELINE_BYTES + 2 * csr)
+    # the split runs while pyarrow's memory pool still holds the read's tables
+    assert (e.phase, e.needed) == ("split", BASELINE_BYTES + 2 * csr + 4 * 390_000_000 + 16 * 10_000_000)
 
 
 def test_memory_a_rank_may_use():

@@ -308,7 +308,7 @@ def test_report_of_a_real_run(spark, data, tmp_path):
     via = evaluate(spark, str(data / "te"), str(tmp_path / "current"))
     assert via["model"] == metrics["model"] and via["logloss"] == metrics["logloss"]
     assert cli(["report", str(tmp_path / "m"), "--eval", str(tmp_path / "metrics.json"), "--out", str(tmp_path / "r")]) == 0
-    names = ["objective_by_pass", "objective_by_time", "rank_timings", "roc", "precision_recall", "calibration"]
+    names = ["objective_by_pass", "objective_by_time", "rank_timings", "memory", "roc", "precision_recall", "calibration"]
     for n in names:
         png = (tmp_path / "r" / f"{n}.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
