@@ -11,12 +11,14 @@ features of the shard, m = ``lbfgs_memory``. Each term belongs to one category:
 
 - ``process_baseline``: Python, numpy, pyarrow, numba's compiled kernels, the Spark worker: a
   constant on the driver (``jobs.preflight.BASELINE_BYTES``), measured on a rank.
-- ``shard``: the CSR (README "Memory": indptr int64, indices int32, values float32, labels and
-  weights float32: 8·(n+1) + 8·z + 8·n; a rank counts its arrays' bytes, ``CSRData.nbytes``:
-  a binary shard holds no values); while reading, the Arrow tables beside it: indices 4·z, values
-  4·z_v (z_v: the non-zeros with explicit values), offsets, labels, weights 16·n; while splitting
-  off the held-out rows (or gathering rows) a second CSR, beside the Arrow tables' memory, which
-  pyarrow's memory pool keeps resident after the read (measured: docs/design-notes.md); CoCoA's renumbered copy of the indices 4·z and
+- ``shard``: the CSR: indptr int64, indices int32, labels and weights float32, and the values
+  other than 1 with their positions (12 bytes each, at most 4 per non-zero: the layouts of
+  ``solvers.kernels.values``): 8·(n+1) + 4·z + 8·n + min(12·z_v, 4·z), z_v the non-zeros of
+  rows with explicit values (a bound; a rank counts its arrays' bytes, ``CSRData.nbytes``).
+  While reading, one record batch of ``pipeline.dataset.BATCH_ROWS`` rows (its Arrow arrays and
+  the held-out split's mask and copies): about 13 bytes per non-zero and 24 per row of the
+  batch; the held-out rows are split off as the batches arrive, so there is no second CSR.
+  CoCoA: its renumbered copy of the indices 4·z and its dense values 4·z, and
   ``partition=redeal``'s gathered rows (workers × the CSR, twice while gathering).
 - ``model_state``: online (and the hybrid's first passes): the w, G, s table, 3 float32 per
   feature, 12·(D+1); the weights as float64 (start, current and best) 24·(D+1); the active
@@ -33,8 +35,9 @@ features of the shard, m = ``lbfgs_memory``. Each term belongs to one category:
 - ``buffers``: the AllReduce chunk buffers 3·``allreduce.chunk_bytes`` and L-BFGS's gradient +
   Hessian AllReduce buffer and its sum 32·(d+1).
 
-A rank peaks in one phase: reading, splitting, or one of its solver's phases (the hybrid has
-two); total = baseline + CSR + max(read, split, each solver phase's state + buffers). These are
+A rank peaks in one phase: reading, gathering (``partition=redeal``), or one of its solver's
+phases (the hybrid has two); total = baseline + CSR + max(read, gather, each solver phase's
+state + buffers). These are
 upper bounds of what the solvers allocate.
 """
 
@@ -53,7 +56,6 @@ READ, SPLIT = "read", "split"
 SOLVER_PHASES = {"online": "online passes", "lbfgs": "L-BFGS", "cocoa": "CoCoA rounds"}
 CSR_TERM = "shard CSR"
 BASELINE_TERM = "process baseline"
-ARROW_KEPT_TERM = "Arrow tables kept by the memory pool"
 
 
 def fmt_bytes(b: float) -> str:
@@ -76,9 +78,20 @@ def memory_line(meta: dict) -> str:
     return line
 
 
-def csr_bytes(rows: int, nnz: int) -> int:
-    """The CSR of ``rows`` rows and ``nnz`` non-zeros with explicit values (the preflight's bound)."""
-    return 8 * (rows + 1) + 8 * nnz + 8 * rows
+def csr_bytes(rows: int, nnz: int, nnz_values: int | None = None) -> int:
+    """The CSR of ``rows`` rows and ``nnz`` non-zeros of which ``nnz_values`` (default all) are
+    in rows with explicit values (the preflight's bound, module docstring)."""
+    z_v = nnz if nnz_values is None else nnz_values
+    return 8 * (rows + 1) + 4 * nnz + min(12 * z_v, 4 * nnz) + 8 * rows
+
+
+def batch_bytes(rows: int, nnz: int) -> int:
+    """One record batch of the read in flight (module docstring)."""
+    from terascale.pipeline.dataset import BATCH_ROWS
+
+    batch = min(rows, BATCH_ROWS)
+    per_row = nnz / rows if rows else 0.0
+    return int(batch * (13 * per_row + 24))
 
 
 @dataclass(frozen=True)
@@ -89,7 +102,7 @@ class Plan:
     lbfgs_memory: int
     threads: int
     partition: str
-    holdout: bool  # the held-out rows are split off (a second CSR while splitting)
+    holdout: bool  # the held-out rows are split off (while reading: no second CSR)
     workers: int
     chunk_bytes: int
 
@@ -159,17 +172,12 @@ def account(plan: Plan, s: Sizes, baseline: int) -> Accounting:
     f = min(D, z, d) if s.features is None else s.features
     spec = solver_spec(plan.solver)
     redeal = "cocoa" in spec.phases and plan.partition == "redeal"
-    csr = csr_bytes(n, z) if s.csr is None else s.csr
+    csr = csr_bytes(n, z, s.nnz_values) if s.csr is None else s.csr
     if redeal:
         csr *= plan.workers  # every rank gathers all rows
     base = {BASELINE_TERM: (PROCESS_BASELINE, baseline), CSR_TERM: (SHARD, csr)}
-    arrow = 4 * z + 4 * s.nnz_values + 16 * n
-    read = {"Arrow tables while reading": (SHARD, arrow)}
-    split = {"held-out split copy": (SHARD, csr)} if plan.holdout and spec.holdout else {}
-    if redeal:
-        split = {"rows in flight while gathering": (SHARD, csr)}
-    if split:  # pyarrow's memory pool still holds the read's tables (docs/design-notes.md, "Memory you can see")
-        split[ARROW_KEPT_TERM] = (SHARD, arrow)
+    read = {"one record batch in flight while reading": (SHARD, batch_bytes(n, z))}
+    split = {"rows in flight while gathering": (SHARD, csr)} if redeal else {}
     online = {
         "online table w, G, s (12 B x 2^bits)": (MODEL_STATE, 12 * (D + 1)),
         "float64 weights, start, current and best (24 B x 2^bits)": (MODEL_STATE, 24 * (D + 1)),
@@ -189,6 +197,7 @@ def account(plan: Plan, s: Sizes, baseline: int) -> Accounting:
     cocoa = {
         "CoCoA shared vectors (40 B x 2^bits)": (MODEL_STATE, 40 * (D + 1)),
         "renumbered indices (4 B x shard non-zeros)": (SHARD, 4 * z),
+        "dense values for the SCD kernels (4 B x shard non-zeros)": (SHARD, 4 * z),
         "dual variables and messages (48 B x shard rows)": (MODEL_STATE, 48 * n),
         f"thread replicas ({plan.threads} x 16 B x shard features)": (MODEL_STATE, 16 * plan.threads * (f + 1)),
         "local vectors (24 B x shard features)": (MODEL_STATE, 24 * (f + 1)),
@@ -196,7 +205,7 @@ def account(plan: Plan, s: Sizes, baseline: int) -> Accounting:
         "returned weights (8 B x 2^bits)": (MODEL_STATE, 8 * D),
     }
     states = {"online": online, "lbfgs": lbfgs, "cocoa": cocoa}
-    phases = {READ: read, SPLIT: split}
+    phases = {READ: read, **({SPLIT: split} if split else {})}
     for p in spec.phases:
         phases[SOLVER_PHASES[p]] = {**states[p], "AllReduce chunk buffers": (BUFFERS, 3 * plan.chunk_bytes)}
     return Accounting(base, phases)

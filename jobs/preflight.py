@@ -6,7 +6,7 @@ docstring has every term, in the categories process baseline, shard, model state
 and buffers) fed the largest shard plan_shards made, D = 2^bits, a bound on the active features
 (:func:`active_bound`, every feature with a warm start) and :data:`BASELINE_BYTES` for the process.
 
-needed = baseline + CSR + max(read, split, each solver phase's state + buffers). These are upper bounds
+needed = baseline + CSR + max(read, gather, each solver phase's state + buffers). These are upper bounds
 of what the solvers allocate; the measured peak RSS of every rank is in the model's
 ``per_rank[i]["memory"]`` (its peak, baseline, per-phase peaks and the same accounting over its
 real sizes) beside the estimate (``metadata["memory_estimate"]``).

@@ -257,7 +257,8 @@ def _memory(probe: MemoryProbe, spec: TaskSpec, ctx, shard: dict, history: list[
     acc = account(plan, Sizes(D, shard["rows"], shard["nnz"], shard["nnz_values"], d, csr=shard["csr_bytes"]),
                   probe.baseline)
     totals = acc.phase_totals()
-    groups = {"read": [READ, SPLIT], "solver": [SOLVER_PHASES[p] for p in solver_spec(spec.params.solver).phases]}
+    groups = {"read": [p for p in (READ, SPLIT) if p in acc.phases],
+              "solver": [SOLVER_PHASES[p] for p in solver_spec(spec.params.solver).phases]}
     # the breakdown at the accounting's phase of the measured peak: what it leaves out is unaccounted
     measured = max(probe.phase_peaks, key=probe.phase_peaks.get)
     at = max(groups[measured], key=totals.get)

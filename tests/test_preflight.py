@@ -37,7 +37,7 @@ def _train(*sets):
 def test_estimate_exact_for_every_solver():
     shard = ShardSize(rows=1000, nnz=39_000, nnz_values=3_900)
     D, n, z, d = 1 << 20, 1000, 39_000, 20_000  # d: active features; the shard's own: min(d, z)
-    csr = 8 * (n + 1) + 8 * z + 8 * n
+    csr = 8 * (n + 1) + 4 * z + min(12 * 3_900, 4 * z) + 8 * n  # values: 12 B per possible exception
     base = BASELINE_BYTES + csr
     chunk = 3 * (1 << 20)
 
@@ -45,7 +45,7 @@ def test_estimate_exact_for_every_solver():
         return 8 * 15 * (d + 1) + 80 * (d + 1) + 32 * (d + 1) + 24 * (D + 1) + 8 * D + 32 * (f + 1) + 4 * D + chunk
 
     online = 12 * (D + 1) + 24 * (D + 1) + 5 * D + 24 * (d + 1) + 4 * D + chunk
-    cocoa = 40 * (D + 1) + 4 * z + 48 * n + 16 * 1 * (d + 1) + 24 * (d + 1) + 4 * D + 8 * D + chunk
+    cocoa = 40 * (D + 1) + 4 * z + 4 * z + 48 * n + 16 * 1 * (d + 1) + 24 * (d + 1) + 4 * D + 8 * D + chunk
     assert online > lbfgs(d, d)  # 2^20 features, 20k of them active: the hybrid peaks in its online passes
     for solver, state, phase in (("online", online, "online passes"), ("lbfgs", lbfgs(d, d), "L-BFGS"),
                                  ("hybrid", online, "online passes"), ("cocoa", cocoa, "CoCoA rounds")):
@@ -58,14 +58,18 @@ def test_estimate_exact_for_every_solver():
     # a warm start counts every feature as active
     e = estimate(_train("train.solver=lbfgs"), D, shard, d, 2, 1 << 20, warm_start=True)
     assert e.needed == base + lbfgs(D, d)
-    # a big shard over few features peaks while reading or splitting: CSR + Arrow tables / a second CSR
+    # a big shard over few features peaks while reading: the CSR and one record batch in flight;
+    # held-out rows are split off as the batches arrive (no second CSR)
     big = ShardSize(rows=10_000_000, nnz=390_000_000, nnz_values=0)
-    e = estimate(_train("train.solver=online", "train.holdout_period=0"), 1 << 10, big, 390_000_000, 2, 1 << 20)
-    csr = 8 * (10_000_001) + 8 * 390_000_000 + 8 * 10_000_000
-    assert (e.phase, e.needed) == ("read", BASELINE_BYTES + csr + 4 * 390_000_000 + 16 * 10_000_000)
-    e = estimate(_train("train.solver=online", "train.holdout_period=10"), 1 << 10, big, 390_000_000, 2, 1 << 20)
-    # the split runs while pyarrow's memory pool still holds the read's tables
-    assert (e.phase, e.needed) == ("split", BASELINE_BYTES + 2 * csr + 4 * 390_000_000 + 16 * 10_000_000)
+    csr = 8 * (10_000_001) + 4 * 390_000_000 + 8 * 10_000_000  # binary: no values
+    batch = int(65536 * (13 * 39.0 + 24))
+    for period in (0, 10):
+        e = estimate(_train("train.solver=online", f"train.holdout_period={period}"), 1 << 10, big, 390_000_000, 2, 1 << 20)
+        assert (e.phase, e.needed) == ("read", BASELINE_BYTES + csr + batch)
+    # explicit values cost 12 bytes per exception, at most 4 per non-zero
+    valued = ShardSize(rows=10_000_000, nnz=390_000_000, nnz_values=390_000_000)
+    e = estimate(_train("train.solver=online", "train.holdout_period=0"), 1 << 10, valued, 390_000_000, 2, 1 << 20)
+    assert e.needed == BASELINE_BYTES + csr + 4 * 390_000_000 + batch
 
 
 def test_memory_a_rank_may_use():
