@@ -26,6 +26,7 @@ from terascale.solvers.params import SolverParams
 from terascale.solvers.run import TrainResult, TrainRun, rows_reporter
 from terascale.solvers.setup import AgreeingCommunicator, Inputs
 from terascale.solvers.state import check_resume
+from terascale.solvers.threads import RowThreads
 from terascale.solvers.tracker import PassTracker
 
 __all__ = ["SOLVERS", "SolverParams", "SolverSpec", "TrainResult", "TrainRun", "register_solver", "train"]
@@ -51,6 +52,10 @@ def train(data: CSRData, comm: Communicator, params: SolverParams | None = None,
     working table instead of copying it (4 bytes per non-zero less at the peak), so
     ``data.indices`` no longer holds feature ids afterwards.
 
+    ``params.threads`` = T: every pass runs T threads over row blocks (:mod:`solvers.threads`;
+    the pool is made here and shut down when ``train`` returns); CoCoA's local solver uses its
+    own T threads. T = 1 runs on the calling thread.
+
     No collective happens before the first pass over the data is done (the input agreement
     rides on the first collective). Raises InvalidInputError / NonFiniteInputError for bad
     inputs and DivergenceError for a non-finite loss or weights, on every rank.
@@ -67,12 +72,13 @@ def train(data: CSRData, comm: Communicator, params: SolverParams | None = None,
     if inputs.problem is not None:
         inputs.agree(comm)  # raises here, and on every other rank at its first collective
     loss_id = loss_spec(params.loss).id
-    tracker = PassTracker(solver_comm, inputs, loss_id, params.early_stop_passes, resume)
-    on_rows = rows_reporter(progress, tracker)
-    objective = DistributedObjective(inputs, solver_comm, loss_id, params.l2, on_rows)
-    run = TrainRun(solver_comm, params, inputs, loss_id, objective, tracker, on_pass_end, resume,
-                   on_rows, theta0, groups)
-    return solve(run)
+    with RowThreads(params.threads) as threads:  # the pool lives for the run (solvers.threads)
+        tracker = PassTracker(solver_comm, inputs, loss_id, params.early_stop_passes, resume, threads)
+        on_rows = rows_reporter(progress, tracker)
+        objective = DistributedObjective(inputs, solver_comm, loss_id, params.l2, on_rows, threads)
+        run = TrainRun(solver_comm, params, inputs, loss_id, objective, tracker, on_pass_end, resume,
+                       on_rows, theta0, groups, threads)
+        return solve(run)
 
 
 def _initial_theta(init: tuple[np.ndarray, float], n_features: int) -> np.ndarray:

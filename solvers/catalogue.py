@@ -137,7 +137,11 @@ class _Declarations:
     local_epochs: int = param(1, "cocoa: local SCD epochs per round (H)", Interval(1, 1000000, integer=True))
     aggregation: str = param("adaptive", "cocoa: adaptive (optimal step gamma), avg (1/K) or add (CoCoA+)",
                              OneOf(("adaptive", "avg", "add")))
-    threads: int = param(1, "cocoa: local solver threads per worker", Interval(1, 1024, integer=True))
+    threads: int = param(1, "threads per worker (rank): the online pass runs this many lock-free (Hogwild) threads "
+                         "on the shared weights; the gradient, curvature and scoring passes split the rows into "
+                         "fixed blocks, one per thread, summed in a fixed order (the same bits on every run for a "
+                         "given value); cocoa: its local solver's threads. The train job's barrier tasks ask Spark "
+                         "for this many cpus each (spark.task.cpus)", Interval(1, 1024, integer=True))
     formulation: str = param("dual", "cocoa: dual, or primal (squared loss only)", OneOf(("dual", "primal")))
     partition: str = param("fixed", "cocoa: fixed shards, or redeal (dual, CPU): every worker gathers all rows "
                            "once (workers x the memory) and the rows are dealt afresh every round",
@@ -159,10 +163,10 @@ PARAMS: tuple[dataclasses.Field, ...] = dataclasses.fields(_Declarations)
 PARAM_NAMES: tuple[str, ...] = tuple(f.name for f in PARAMS)
 
 #: the parameters every solver reads
-COMMON = ("solver", "loss", "l2", "passes", "tol", "seed")
+COMMON = ("solver", "loss", "l2", "passes", "tol", "seed", "threads")
 ONLINE = ("learning_rate", "shuffle", "invariant", "early_stop_passes")
 LBFGS = ("lbfgs_memory", "lbfgs_newton_steps", "lbfgs_curvature_rows", "lbfgs_coarse", "early_stop_passes")
-COCOA = ("local_epochs", "aggregation", "threads", "formulation", "partition", "device", "intercept_scale")
+COCOA = ("local_epochs", "aggregation", "formulation", "partition", "device", "intercept_scale")
 
 
 # ---------------------------------------------------------------------------------------------

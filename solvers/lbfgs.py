@@ -276,7 +276,7 @@ def _preconditioner(run: TrainRun, space: ActiveFeatures, table: LocalTable, the
     if sizes.size == 0:  # no active feature has a group: nothing to correct
         return Jacobi(inv_diag)
     E = coarse_matrix(run.comm, table, group, sizes, theta, run.loss_id, run.params.l2,
-                      run.inputs.total_weight)
+                      run.inputs.total_weight, run.threads)
     if E is None:
         raise DivergenceError("non-finite margin at the L-BFGS starting point (coarse matrix); see the rank's data")
     return TwoLevel(inv_diag, group, E)

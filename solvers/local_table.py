@@ -14,6 +14,14 @@ The table interleaves θ_j with its gradient (and Hessian-diagonal) accumulators
 column 0, runs the pass and scatters the sums back to compact numbering. The numbering changes
 where a number is stored, never which numbers are added in which order, so the sums are bit
 for bit those of a pass over the compact-numbered shard.
+
+Threads (:mod:`solvers.threads`): with T > 1 a pass cuts the rows into T blocks; the blocks
+share θ, but block b > 0 adds its sums into a table of its own (:meth:`LocalTable.thread_table`:
+θ copied into its column 0, zero accumulators), which :meth:`LocalTable.merge_threads` adds into
+the table in block order. That costs (T − 1) × (rows × columns × 8 B) beside the table: the
+2-column tables are kept for every evaluation, the 3-column ones (the Hessian pass) are dropped
+at the next :meth:`LocalTable.load`. The curvature and coarse passes only read the table and
+share it. With T = 1 there are no other tables.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from terascale.solvers.kernels import coarse as KC
 from terascale.solvers.kernels import objective as K
 from terascale.solvers.kernels.features import load_column, number_by_first_use, store_column
 from terascale.solvers.shard import Shard
+from terascale.solvers.threads import SERIAL, RowThreads
 
 
 class LocalTable:
@@ -49,6 +58,7 @@ class LocalTable:
         self._pair: np.ndarray | None = None
         self._current = self._table(2)
         self._theta: np.ndarray | None = None  # the θ array column 0 of _current was loaded from
+        self._threads: dict[int, list[np.ndarray]] = {}  # columns -> the tables of blocks 1, 2, …
 
     def bind(self, space: ActiveFeatures) -> LocalTable:
         """Map the slots to ``space``'s compact coordinates; raises ValueError if the shard
@@ -77,6 +87,8 @@ class LocalTable:
         """Start an evaluation at ``theta`` (compact, intercept last): θ into column 0, zero
         accumulators."""
         t = self._table(3 if with_hessian else 2)
+        if not with_hessian:
+            self._threads.pop(3, None)
         t[:, 1:] = 0.0
         load_column(theta, self.compact_of, t, 0)
         self._current, self._theta = t, theta
@@ -88,6 +100,35 @@ class LocalTable:
         load_column(p, self.compact_of, t, 1)
         self._current, self._theta = t, theta
 
+    def prepare_threads(self, blocks: int) -> None:
+        """Tables for blocks 1..blocks-1 of the current pass (allocated here, filled by each block's
+        thread in :meth:`thread_table`); nothing for one block."""
+        if blocks <= 1:
+            return
+        cols = self._current.shape[1]
+        mine = self._threads.setdefault(cols, [])
+        while len(mine) < blocks - 1:
+            mine.append(np.empty((self.size + 1, cols), dtype=np.float64))
+
+    def thread_table(self, block: int) -> np.ndarray:
+        """The table block ``block`` of a threaded pass works on: the table itself for block 0,
+        else its own (:meth:`prepare_threads`) with θ copied into column 0 and zero accumulators."""
+        t = self._current
+        if block == 0:
+            return t
+        mine = self._threads[t.shape[1]][block - 1]
+        mine[:, 0] = t[:, 0]
+        mine[:, 1:] = 0.0
+        return mine
+
+    def merge_threads(self, blocks: int, want_grad: bool, want_hess: bool) -> None:
+        """Add the accumulator columns of blocks 1..blocks-1 into the table's, in block order."""
+        t = self._current
+        cols = [c for c, on in ((1, want_grad), (2, want_hess and t.shape[1] > 2)) if on]
+        for mine in self._threads.get(t.shape[1], [])[: blocks - 1]:
+            for c in cols:
+                t[:, c] += mine[:, c]
+
     def curvature_rows(self, loss_id: int, start: int, stop: int, stride: int, sums: np.ndarray) -> tuple[int, int]:
         """The curvature kernel over the sampled rows of ``start..stop-1`` (see
         :meth:`load_direction` and :func:`solvers.kernels.objective.curvature_along`)."""
@@ -96,17 +137,21 @@ class LocalTable:
                                  loss_id, start, stop, stride, sums)
 
     def pass_rows(self, loss_id: int, want_grad: bool, want_hess: bool, start: int, stop: int,
-                  loss_sum: float) -> tuple[float, int, int]:
-        """The kernel over rows ``start..stop-1`` (see :meth:`load`): (loss_sum, status, row)."""
-        s, t = self.shard, self._current
+                  loss_sum: float, table: np.ndarray | None = None) -> tuple[float, int, int]:
+        """The kernel over rows ``start..stop-1`` (see :meth:`load`) on the table, or on a
+        block's ``table`` (:meth:`thread_table`): (loss_sum, status, row)."""
+        s = self.shard
+        t = self._current if table is None else table
         return K.loss_grad_hess_table(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, t, loss_id,
                                       want_grad, want_hess and t.shape[1] > 2, start, stop, loss_sum)
 
     def coarse_sums(self, theta: np.ndarray, group: np.ndarray, n_groups: int, loss_id: int,
-                    stride: int, E: np.ndarray) -> str | None:
+                    stride: int, E: np.ndarray, threads: RowThreads = SERIAL) -> str | None:
         """Add this rank's estimate of Σᵢ hᵢ·ℓ''ᵢ·aᵢ·aᵢᵀ (:mod:`solvers.kernels.coarse`; θ and
         ``group`` compact) into E: the rows r with r % stride == 0, scaled by the shard's
-        weight over theirs. Returns the problem (a non-finite margin) or None."""
+        weight over theirs. Returns the problem (a non-finite margin) or None. Each block of
+        ``threads`` makes one kernel call over its rows (block 0 into E, the others into
+        matrices of their own, added in block order)."""
         s = self.shard
         t = self._current
         if self._theta is not theta:  # column 0 does not hold θ yet (the start evaluation's does)
@@ -114,10 +159,23 @@ class LocalTable:
             load_column(theta, self.compact_of, t, 0)
             self._current, self._theta = t, theta
         local_group = group[self.compact_of]
-        used, status, row = KC.coarse_rows(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, t,
-                                           local_group, n_groups, loss_id, 0, s.n_rows, stride, E)
-        if status != KC.OK:
-            return f"rank-local non-finite margin at row {row}"
+
+        def work(i: int, lo: int, hi: int, tick):
+            mine = E if i == 0 else np.zeros_like(E)
+            used, status, row = 0.0, KC.OK, -1
+            for a, b in s.chunks(lo, hi, rows=max(hi - lo, 1)):  # one call: its sums are per call
+                used, status, row = KC.coarse_rows(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, t,
+                                                   local_group, n_groups, loss_id, a, b, stride, mine)
+            return used, status, row, mine
+
+        parts = threads.run(work, threads.blocks(s.indptr))
+        bad = next((p for p in parts if p[1] != KC.OK), None)
+        if bad is not None:
+            return f"rank-local non-finite margin at row {bad[2]}"
+        used = parts[0][0]
+        for p in parts[1:]:
+            used += p[0]
+            E += p[3]
         if used > 0.0:
             E *= s.weight_sum() / used
         return None

@@ -25,51 +25,92 @@ from terascale.solvers.kernels.vector import axpy, dot
 from terascale.solvers.local_table import LocalTable
 from terascale.solvers.setup import Inputs
 from terascale.solvers.shard import Shard
+from terascale.solvers.threads import SERIAL, RowThreads
 
 EMPTY = np.zeros(0, dtype=np.float64)
 _STATUS = {K.BAD_MARGIN: "non-finite margin", K.BAD_LOSS: "non-finite loss"}
 
 
-def _over_chunks(shard: Shard, call, on_rows: Callable[[int], None] | None) -> tuple[float, str | None]:
-    """Run ``call(start, stop, loss_sum) -> (loss_sum, status, row)`` over the shard's row
-    chunks (:meth:`Shard.chunks`; ``on_rows(rows_done)`` after each): (Σ wᵢℓᵢ, problem or None)."""
+def _block(shard: Shard, call, lo: int, hi: int, tick: Callable[[int], None]) -> tuple[float, str | None]:
+    """Run ``call(start, stop, loss_sum) -> (loss_sum, status, row)`` over the row chunks of
+    rows ``lo..hi-1`` (:meth:`Shard.chunks`; ``tick(rows of the block done)`` after each):
+    (Σ wᵢℓᵢ over them, problem or None)."""
     total = 0.0
-    for start, stop in shard.chunks():
+    for start, stop in shard.chunks(lo, hi):
         total, status, row = call(start, stop, total)
         if status != K.OK:
             return total, f"{_STATUS[status]} at row {row}"
-        if on_rows is not None:
-            on_rows(stop)
+        tick(stop - lo)
     return total, None
+
+
+def _reduce(parts: list, outs: tuple[np.ndarray, ...] = ()) -> tuple[float, str | None]:
+    """Combine the blocks' ``(loss, problem, *arrays)`` in block order: the first problem, else
+    loss_0 + loss_1 + … and ``outs[k] += arrays_b[k]`` for blocks b ≥ 1 (block 0 added into
+    ``outs`` itself; empty outs skipped)."""
+    problem = next((p[1] for p in parts if p[1] is not None), None)
+    total = parts[0][0]
+    if problem is None:
+        for p in parts[1:]:
+            total += p[0]
+            for out, mine in zip(outs, p[2:], strict=False):
+                if out.shape[0] > 0:
+                    out += mine
+    return total, problem
+
+
+def _private(out: np.ndarray, block: int) -> np.ndarray:
+    """Block 0 adds into the caller's array; other blocks into zeros of their own (empty stays empty)."""
+    return out if block == 0 or out.shape[0] == 0 else np.zeros_like(out)
 
 
 def shard_sums(shard: Shard, theta: np.ndarray, loss_id: int, grad: np.ndarray = EMPTY,
                hess: np.ndarray = EMPTY, on_rows: Callable[[int], None] | None = None,
-               ) -> tuple[float, str | None]:
+               threads: RowThreads = SERIAL) -> tuple[float, str | None]:
     """Local sums over a shard (see :mod:`solvers.kernels.objective`): (Σ wᵢℓᵢ, problem or None),
-    gradient and Hessian-diagonal sums added into ``grad`` / ``hess`` when non-empty."""
+    gradient and Hessian-diagonal sums added into ``grad`` / ``hess`` when non-empty.
+
+    With T = ``threads.size`` > 1 the rows are cut into T blocks (:mod:`solvers.threads`); block
+    0 adds into ``grad`` / ``hess``, every other block into full-length arrays of its own
+    (T − 1 extra copies of each requested array during the pass), added in block order."""
     s = shard
 
-    def call(start: int, stop: int, total: float):
-        return K.loss_grad_hess(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, theta, loss_id,
-                                grad, hess, start, stop, total)
+    def work(i: int, lo: int, hi: int, tick):
+        g, h = _private(grad, i), _private(hess, i)
 
-    return _over_chunks(s, call, on_rows)
+        def call(start: int, stop: int, total: float):
+            return K.loss_grad_hess(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, theta, loss_id,
+                                    g, h, start, stop, total)
+
+        return (*_block(s, call, lo, hi, tick), g, h)
+
+    return _reduce(threads.run(work, threads.blocks(s.indptr), on_rows), (grad, hess))
 
 
 def table_sums(table: LocalTable, theta: np.ndarray, loss_id: int, grad: np.ndarray = EMPTY,
                hess: np.ndarray = EMPTY, on_rows: Callable[[int], None] | None = None,
-               ) -> tuple[float, str | None]:
+               threads: RowThreads = SERIAL) -> tuple[float, str | None]:
     """:func:`shard_sums` over a rank's :class:`~solvers.local_table.LocalTable` (θ, ``grad``
-    and ``hess`` in compact numbering; ``grad`` / ``hess`` zero on entry): the same bits."""
+    and ``hess`` in compact numbering; ``grad`` / ``hess`` zero on entry): the same bits. With
+    T > 1 threads, block b > 0 accumulates into a table of its own (θ copied;
+    :meth:`~solvers.local_table.LocalTable.thread_table`), added into block 0's in block order."""
     want_grad, want_hess = grad.shape[0] > 0, hess.shape[0] > 0
     table.load(theta, want_hess)
+    cuts = threads.blocks(table.shard.indptr)
+    table.prepare_threads(cuts.shape[0] - 1)
 
-    def call(start: int, stop: int, total: float):
-        return table.pass_rows(loss_id, want_grad, want_hess, start, stop, total)
+    def work(i: int, lo: int, hi: int, tick):
+        t = table.thread_table(i)
 
-    out = _over_chunks(table.shard, call, on_rows)
+        def call(start: int, stop: int, total: float):
+            return table.pass_rows(loss_id, want_grad, want_hess, start, stop, total, t)
+
+        return _block(table.shard, call, lo, hi, tick)
+
+    parts = threads.run(work, cuts, on_rows)
+    out = _reduce(parts)
     if out[1] is None:
+        table.merge_threads(len(parts), want_grad, want_hess)
         table.unload(grad, hess)
     return out
 
@@ -95,13 +136,14 @@ class DistributedObjective:
     """f, ∇f (and the Hessian diagonal) over all ranks' shards; see the module docstring."""
 
     def __init__(self, inputs: Inputs, comm: Communicator, loss_id: int, l2: float,
-                 on_rows: Callable[[int], None] | None = None):
+                 on_rows: Callable[[int], None] | None = None, threads: RowThreads = SERIAL):
         self.inputs = inputs
         self.shard = inputs.train
         self.comm = comm
         self.loss_id = loss_id
         self.l2 = float(l2)
         self.on_rows = on_rows
+        self.threads = threads  # the rank's threads (solvers.threads): every pass runs on them
         self.dim = inputs.n_features + 1
         self.table: LocalTable | None = None  # set by restricted()
 
@@ -122,9 +164,9 @@ class DistributedObjective:
 
     def _local(self, theta: np.ndarray, grad: np.ndarray, hess: np.ndarray) -> tuple[float, str | None]:
         if self.table is not None:
-            loss, problem = table_sums(self.table, theta, self.loss_id, grad, hess, self.on_rows)
+            loss, problem = table_sums(self.table, theta, self.loss_id, grad, hess, self.on_rows, self.threads)
         else:
-            loss, problem = shard_sums(self.shard, theta, self.loss_id, grad, hess, self.on_rows)
+            loss, problem = shard_sums(self.shard, theta, self.loss_id, grad, hess, self.on_rows, self.threads)
         return loss, None if problem is None else f"rank {self.comm.rank}: {problem}"
 
     def evaluate(self, theta: np.ndarray, with_hessian: bool = False) -> Evaluation:
@@ -166,10 +208,15 @@ class DistributedObjective:
         stride = sample_stride(n_rows, sample_rows)
         sums = np.zeros(2)  # the kernel adds into it: [Σ hᵢ·ℓ''ᵢ·uᵢ², Σ hᵢ] over the rows used
 
-        def call(start: int, stop: int, _: float):
-            return (0.0, *table.curvature_rows(self.loss_id, start, stop, stride, sums))
+        def work(i: int, lo: int, hi: int, tick):
+            mine = sums if i == 0 else np.zeros(2)  # the table is only read: shared by the blocks
 
-        problem = _over_chunks(table.shard, call, self.on_rows)[1]
+            def call(start: int, stop: int, _: float):
+                return (0.0, *table.curvature_rows(self.loss_id, start, stop, stride, mine))
+
+            return (*_block(table.shard, call, lo, hi, tick), mine)
+
+        problem = _reduce(self.threads.run(work, self.threads.blocks(table.shard.indptr), self.on_rows), (sums,))[1]
         acc = sums[0]
         if stride > 1 and sums[1] > 0.0:
             acc *= table.shard.weight_sum() / sums[1]

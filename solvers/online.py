@@ -8,6 +8,18 @@ CTR-scale λ its effect over a pass is negligible; L-BFGS then solves the regula
 The ``objective`` of an online pass is therefore not computed (None); the result's objective
 is evaluated once, at the returned weights.
 
+Threads (``threads`` = T > 1, :mod:`solvers.threads`): the pass is Hogwild (Niu, Recht, Ré &
+Wright 2011, lock-free SGD): T threads run the kernel over T contiguous blocks of the pass's
+rows (of the shuffled order's positions when ``shuffle`` is on), each cut to about the same
+number of non-zeros, all updating the one shared state table (w, G, s) without locks, so one
+thread's update may overwrite another's concurrent update of the same feature: rare for sparse
+rows, and the result is not reproducible bit for bit. Each thread keeps its own copy of the
+totals [t, N], starting from the pass's starting totals: it sees its own rows' increments (its
+step size η·√(t/N) follows its rows, as one rank's would), not the other threads'. After the
+pass the totals are the starting ones plus every block's increment, added in block order; the
+progressive loss and weight sums are each block's, added in block order. With T = 1 the pass
+is one sequential walk, as before.
+
 Divergence: a non-finite margin, squared gradient or weight on any rank, or an exploding loss
 (the pass's progressive loss above EXPLODING_FACTOR times the loss of the all-zero model),
 raises DivergenceError on every rank.
@@ -33,6 +45,7 @@ from terascale.solvers.kernels.online import (
     zero_model_loss_sum,
 )
 from terascale.solvers.run import TrainResult, TrainRun
+from terascale.solvers.threads import split_positions
 
 EXPLODING_FACTOR = 1e6
 
@@ -67,21 +80,43 @@ class OnlineLearner:
 
     def _local_pass(self, pass_number: int) -> tuple[float, float, str | None]:
         """The kernel over this rank's shard in chunks (:meth:`~solvers.shard.Shard.chunks`,
-        progress between them)."""
+        progress between them), on the rank's threads (see the module docstring: Hogwild with
+        T > 1)."""
         run, s = self.run, self.run.inputs.train
         order = run.shuffle_order(pass_number)
-        loss_sum = weight_sum = 0.0
-        status, row = OK, -1
-        for start, stop in s.chunks():
-            loss_sum, weight_sum, status, row = online_pass(
-                s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, order, self.table, self.totals,
-                run.loss_id, run.params.learning_rate, run.params.invariant, start, stop,
-                loss_sum, weight_sum,
-            )
-            if status != OK:
-                break
-            if run.report_rows is not None:
-                run.report_rows(stop)
+        threads = run.threads
+        if threads.size == 1 or order.shape[0] == 0:
+            cuts = threads.blocks(s.indptr)
+        else:
+            cuts = split_positions(s.indptr, order, threads.size)
+        single = cuts.shape[0] == 2
+        start = self.totals.copy()
+
+        def work(i: int, lo: int, hi: int, tick):
+            totals = self.totals if single else start.copy()  # a thread's own [t, N]
+            loss_sum = weight_sum = 0.0
+            status, row = OK, -1
+            for a, b in s.chunks(lo, hi):
+                loss_sum, weight_sum, status, row = online_pass(
+                    s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, order, self.table, totals,
+                    run.loss_id, run.params.learning_rate, run.params.invariant, a, b,
+                    loss_sum, weight_sum,
+                )
+                if status != OK:
+                    break
+                tick(b - lo)
+            return loss_sum, weight_sum, status, row, totals
+
+        parts = threads.run(work, cuts, run.report_rows)
+        loss_sum, weight_sum = parts[0][0], parts[0][1]
+        if not single:
+            self.totals[:] = start
+            for p in parts:  # the blocks' increments, in block order
+                self.totals += p[4] - start
+            for p in parts[1:]:
+                loss_sum += p[0]
+                weight_sum += p[1]
+        status, row = next(((p[2], p[3]) for p in parts if p[2] != OK), (OK, -1))
         problem = None
         if status == BAD_MARGIN:
             problem = f"rank {run.comm.rank}: non-finite margin at row {row}"

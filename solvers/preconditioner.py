@@ -30,6 +30,7 @@ from terascale.solvers.data import NO_GROUP
 from terascale.solvers.kernels import coarse as C
 from terascale.solvers.kernels.sampling import sample_stride
 from terascale.solvers.kernels.vector import weighted_dot
+from terascale.solvers.threads import SERIAL, RowThreads
 
 _DIAG_FLOOR = 1e-12
 #: Rows per rank the coarse matrix is estimated from (at least; every row below twice this).
@@ -119,16 +120,19 @@ def compact_groups(group_map: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, 
 
 
 def coarse_matrix(comm: Communicator, table, group: np.ndarray, sizes: np.ndarray, theta: np.ndarray,
-                  loss_id: int, l2: float, total_weight: float) -> np.ndarray | None:
+                  loss_id: int, l2: float, total_weight: float, threads: RowThreads = SERIAL) -> np.ndarray | None:
     """E = Sᵀ·∇²f(θ)·S over all ranks (one AllReduce of (G+1)²+1 numbers): each rank's sampled
     sum scaled up by its weight over the weight of the rows used, divided by W, plus λ·|group g|
     on the diagonal (the intercept unpenalized). ``table``: the rank's working table (bound);
-    ``group``: compact, ``sizes``: of the groups. None if a margin was not finite on some rank."""
+    ``group``: compact, ``sizes``: of the groups; ``threads``: the rank's threads (the sampled
+    sum is then one per row block, added in block order). None if a margin was not finite on
+    some rank."""
     n_groups = sizes.shape[0]
     k = n_groups + 1
     local = np.zeros(k * k + 1)
     E = local[: k * k].reshape(k, k)
-    problem = table.coarse_sums(theta, group, n_groups, loss_id, sample_stride(table.shard.n_rows, COARSE_SAMPLE_ROWS), E)
+    problem = table.coarse_sums(theta, group, n_groups, loss_id, sample_stride(table.shard.n_rows, COARSE_SAMPLE_ROWS), E,
+                              threads)
     local[-1] = 0.0 if problem is None else 1.0
     tot = comm.allreduce(local)
     if tot[-1] != 0.0:

@@ -3,7 +3,9 @@
 A solver function (see :mod:`solvers.catalogue`) receives a :class:`TrainRun` holding this
 rank's validated shards (``inputs``), the communicator (whose first collective also runs the
 input agreement), the parameters, the distributed objective, the pass tracker and the resume
-state; it calls ``report_rows(rows_done)`` (if set) while a pass runs (progress heartbeats),
+state, and the rank's threads (``threads``, :mod:`solvers.threads`: every pass over the rows
+runs on them); it calls ``report_rows(rows_done)`` (if set) while a pass runs (progress
+heartbeats, from the calling thread),
 :meth:`TrainRun.checkpoint` after every pass, and ends with :meth:`TrainRun.finish`, which
 applies the early-stopping choice and computes the final objective if the solver did not.
 """
@@ -21,6 +23,7 @@ from terascale.solvers.objective import DistributedObjective
 from terascale.solvers.params import SolverParams
 from terascale.solvers.setup import Inputs
 from terascale.solvers.state import build_state
+from terascale.solvers.threads import SERIAL, RowThreads
 from terascale.solvers.tracker import PassTracker
 
 
@@ -59,6 +62,7 @@ class TrainRun:
     report_rows: Callable[[int], None] | None = None  # see rows_reporter
     init: np.ndarray | None = None  # float64 [β, b] to start from, or None (zeros)
     groups: np.ndarray | None = None  # uint8 group of each feature (255: none), or None
+    threads: RowThreads = SERIAL  # the rank's threads for its passes (solvers.threads)
 
     @property
     def n_features(self) -> int:

@@ -33,6 +33,7 @@ from terascale.allreduce.communicator import Communicator
 from terascale.solvers.errors import DivergenceError
 from terascale.solvers.objective import shard_sums
 from terascale.solvers.setup import Inputs
+from terascale.solvers.threads import SERIAL, RowThreads
 
 
 def _json_float(v: Any) -> float | None:
@@ -41,8 +42,9 @@ def _json_float(v: Any) -> float | None:
 
 class PassTracker:
     def __init__(self, comm: Communicator, inputs: Inputs, loss_id: int, early_stop_passes: int,
-                 resume: dict | None = None):
+                 resume: dict | None = None, threads: RowThreads = SERIAL):
         self.comm = comm
+        self.threads = threads  # the held-out scoring pass runs on the rank's threads
         self.inputs = inputs
         self.loss_id = loss_id
         self.early_stop_passes = int(early_stop_passes)
@@ -88,7 +90,7 @@ class PassTracker:
         hold = self.inputs.holdout
         if hold is None or hold.n_rows == 0:
             return 0.0, None
-        loss, problem = shard_sums(hold, theta, self.loss_id)
+        loss, problem = shard_sums(hold, theta, self.loss_id, threads=self.threads)
         return loss, None if problem is None else f"rank {self.comm.rank}: {problem}"
 
     def finish_pass(self, phase: str, theta: np.ndarray, *, objective: float | None,
