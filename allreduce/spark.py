@@ -11,6 +11,15 @@ the driver, launches one barrier stage of K + S tasks and hands every task a
   speculation off in barrier stages; this is terascale's.
 - Spark never retries a failed barrier result stage, so the adapter does: a new attempt with a
   new key, up to ``max_attempts``, logging why each attempt failed.
+- Cpus per task (``task_cpus`` = ``train.threads``, a rank's threads): the stage asks Spark for
+  that many cpus per task. When it equals the session's ``spark.task.cpus`` the stage runs as
+  any other; on a cluster (standalone, YARN, Kubernetes) that it differs from, the stage's RDD
+  carries a task resource profile of ``task_cpus`` cpus (stage-level scheduling; any
+  ``spark.task.resource.*`` amount, a GPU, is kept). Local mode has no stage-level scheduling:
+  every task gets the session's ``spark.task.cpus``, which must then be at least ``task_cpus``
+  (terascale's own local sessions set it, ``jobs.session``); else :func:`barrier_profile`
+  refuses before any task starts. The slot check (:func:`preflight`) counts tasks of the
+  stage's cpus: ``workers + spares`` tasks must fit at once.
 
 Security: the per-attempt key travels to the tasks inside the task closure. On a shared cluster
 enable ``spark.authenticate`` and RPC encryption (``spark.network.crypto.enabled``) so it does not
@@ -20,6 +29,7 @@ cross the network in clear. The key is never logged.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from collections.abc import Callable
@@ -134,20 +144,74 @@ class BarrierTask:
 TaskFn = Callable[[BarrierTask], dict]
 
 
-def task_slots(spark) -> int:
-    """Concurrent task slots of the executors registered now (what Spark's barrier check uses:
-    executor cores / spark.task.cpus, summed; falls back to defaultParallelism)."""
+def is_local(master: str) -> bool:
+    """``local``, ``local[N]``, ``local[*]``, ``local[N, F]``: one JVM, slots fixed from the start."""
+    return re.fullmatch(r"local(\[[^\]]*\])?", master) is not None
+
+
+def local_cores(master: str) -> int | None:
+    """The task threads of a local master (``local`` 1, ``local[N]`` / ``local[N, F]`` N,
+    ``local[*]`` the machine's cores); None for any other master."""
+    m = re.fullmatch(r"local(?:\[\s*(\*|\d+)\s*(?:,\s*\d+\s*)?\])?", master)
+    if m is None:
+        return None
+    if m.group(1) in (None, ""):
+        return 1
+    return (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1))
+
+
+def task_slots(spark, profile=None) -> int:
+    """Concurrent task slots of the executors registered now for tasks of ``profile`` (a
+    pyspark ResourceProfile; None: the session's default, i.e. executor cores / spark.task.cpus,
+    summed), what Spark's barrier check uses; falls back to defaultParallelism / cpus."""
     sc = spark.sparkContext
     try:
         jsc = sc._jsc.sc()
-        return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+        java = profile._java_resource_profile if profile is not None else jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(java))
     except Exception:  # noqa: BLE001 - an older or different Spark: the public estimate
-        cpus = int(sc.getConf().get("spark.task.cpus", "1"))
+        cpus = _profile_cpus(profile) or int(sc.getConf().get("spark.task.cpus", "1"))
         return sc.defaultParallelism // max(cpus, 1)
 
 
-def preflight(spark, slots_needed: int, what: str, wait_s: float = 0.0, poll_s: float = 1.0) -> None:
-    """Fail fast (not hang) when the cluster cannot gang-schedule the barrier stage.
+def _profile_cpus(profile) -> int | None:
+    req = profile.taskResources.get("cpus") if profile is not None else None
+    return int(req.amount) if req is not None else None
+
+
+def barrier_profile(spark, task_cpus: int):
+    """The resource profile the barrier stage's RDD takes so that each task gets ``task_cpus``
+    cpus: None (the session's default profile) when ``spark.task.cpus`` already gives that (in
+    local mode: at least that), else a task resource profile (module docstring). Raises
+    BarrierError in local mode when the session's tasks get fewer cpus."""
+    sc = spark.sparkContext
+    conf = sc.getConf()
+    cpus = int(conf.get("spark.task.cpus", "1"))
+    if cpus == task_cpus:
+        return None
+    if is_local(sc.master):
+        if cpus > task_cpus:
+            return None
+        raise BarrierError(
+            f"train.threads = {task_cpus}: each barrier task needs {task_cpus} cpus, but this local-mode session "
+            f"gives every task spark.task.cpus = {cpus} (Spark has no stage-level scheduling in local mode): start "
+            f"the session with spark.task.cpus={task_cpus} (terascale sets it when it starts the session itself; "
+            f"with spark-submit pass --conf spark.task.cpus={task_cpus}), or lower train.threads"
+        )
+    from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+    req = TaskResourceRequests().cpus(task_cpus)
+    for key, amount in conf.getAll():  # keep the tasks' other resources (a GPU)
+        m = re.fullmatch(r"spark\.task\.resource\.([^.]+)\.amount", key)
+        if m:
+            req = req.resource(m.group(1), float(amount))
+    return ResourceProfileBuilder().require(req).build
+
+
+def preflight(spark, slots_needed: int, what: str, wait_s: float = 0.0, poll_s: float = 1.0,
+              profile=None) -> None:
+    """Fail fast (not hang) when the cluster cannot gang-schedule the barrier stage (of tasks
+    of ``profile``, :func:`barrier_profile`; None: the session's default).
 
     On a cluster, executors register a while after the session starts (containers launch,
     archives unpack): wait up to ``wait_s`` for enough slots before giving up."""
@@ -158,18 +222,21 @@ def preflight(spark, slots_needed: int, what: str, wait_s: float = 0.0, poll_s: 
             "barrier stages need a fixed set of executors: set spark.dynamicAllocation.enabled=false"
         )
     # local[N]: the slots exist from the start; local-cluster and real clusters register later
-    fixed = re.fullmatch(r"local(\[[^\]]*\])?", sc.master) is not None
+    fixed = is_local(sc.master)
     deadline = time.monotonic() + (0.0 if fixed else wait_s)
     next_log = 0.0
-    while (slots := task_slots(spark)) < slots_needed:
+    while (slots := task_slots(spark, profile)) < slots_needed:
         now = time.monotonic()
         if now >= deadline:
-            cpus = int(conf.get("spark.task.cpus", "1"))
+            cpus = _profile_cpus(profile) or int(conf.get("spark.task.cpus", "1"))
+            per_task = (f"executor cores / {cpus} cpus per task (train.threads)" if profile is not None
+                        else f"executor cores / spark.task.cpus={cpus}")
             raise BarrierError(
                 f"the barrier stage needs {slots_needed} concurrent task slots ({what}), but the "
-                f"cluster offers {slots} (executor cores / spark.task.cpus={cpus})"
+                f"cluster offers {slots} ({per_task})"
                 + (f" after waiting {wait_s:.0f} s for executors" if wait_s and not fixed else "")
                 + "; add executors or cores, or lower train.workers / train.spares"
+                + (" / train.threads" if cpus > 1 else "")
             )
         if now >= next_log:
             log.info("waiting for executors: %d of %d task slots registered", slots, slots_needed)
@@ -232,8 +299,10 @@ class BarrierResult:
 def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: NetConf,
                 max_attempts: int = 3, server_host: str = "", job_name: str = "terascale barrier",
                 summarize_error: Callable[[BaseException], str], no_retry: tuple[str, ...] = (),
-                on_attempt: Callable[[TreeServer, int], None] | None = None) -> BarrierResult:
+                on_attempt: Callable[[TreeServer, int], None] | None = None,
+                task_cpus: int = 1) -> BarrierResult:
     """Run ``task_fn`` on ``num_shards`` workers + ``spares`` spares; retry failed attempts.
+    Each task gets ``task_cpus`` cpus (module docstring; the train job's ``train.threads``).
 
     ``summarize_error`` turns a failed Spark job's exception into one line naming the failed task
     and why (the caller's: e.g. ``pipeline.spark_errors.spark_error_summary``, which the train
@@ -246,9 +315,12 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
     sc = spark.sparkContext
     host = server_host or sc.getConf().get("spark.driver.host", "127.0.0.1")
     attempts: list[dict] = []
+    profile = barrier_profile(spark, task_cpus)
     for attempt in range(max_attempts):
         # every attempt: executors may still be registering, or replacing a lost one
-        preflight(spark, num_shards + spares, f"{num_shards} workers + {spares} spares", wait_s=net.startup_timeout_s)
+        preflight(spark, num_shards + spares, f"{num_shards} workers + {spares} spares"
+                  + (f" of {task_cpus} cpus each" if task_cpus > 1 else ""), wait_s=net.startup_timeout_s,
+                  profile=profile)
         key = new_key()
         t0 = time.perf_counter()
         with TreeServer(num_shards, key, host=host, handshake_timeout_s=net.handshake_timeout_s,
@@ -268,6 +340,8 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
             sc.setJobDescription(f"{job_name}: attempt {attempt + 1}")
             try:
                 rdd = sc.parallelize(range(num_shards + spares), num_shards + spares)
+                if profile is not None:
+                    rdd = rdd.withResources(profile)
                 tasks = rdd.barrier().mapPartitionsWithIndex(fn).collect()
             except Exception as e:  # noqa: BLE001 - a failed barrier stage: log why, then retry
                 why = summarize_error(e)

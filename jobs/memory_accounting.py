@@ -33,7 +33,10 @@ features of the shard, m = ``lbfgs_memory``. Each term belongs to one category:
   vectors over the active features (iterate, gradient, preconditioner, direction, trial point
   and its gradient, two-loop work) 80·(d+1).
 - ``buffers``: the AllReduce chunk buffers 3·``allreduce.chunk_bytes`` and L-BFGS's gradient +
-  Hessian AllReduce buffer and its sum 32·(d+1).
+  Hessian AllReduce buffer and its sum 32·(d+1); with T = ``threads`` > 1, L-BFGS's per-thread
+  accumulators: each thread but the first sums into its own copy of the local table,
+  24·(T−1)·(f+1), or, in the lbfgs solver's first evaluation (before the table exists), into its
+  own full-length gradient and Hessian, 16·(T−1)·(D+1): the larger of the two.
 
 A rank peaks in one phase: reading, gathering (``partition=redeal``), or one of its solver's
 phases (the hybrid has two); total = baseline + CSR + max(read, gather, each solver phase's
@@ -192,6 +195,7 @@ def account(plan: Plan, s: Sizes, baseline: int) -> Accounting:
         "float64 weights, start, current and best (24 B x 2^bits)": (MODEL_STATE, 24 * (D + 1)),
         "feature maps (8 B x 2^bits)": (MODEL_STATE, 8 * D),
         "local table (32 B x shard features)": (MODEL_STATE, 32 * (f + 1)),
+        **({f"per-thread accumulators ({plan.threads - 1} more threads)": (BUFFERS, (plan.threads - 1) * max(24 * (f + 1), 0 if "online" in spec.phases else 16 * (D + 1)))} if plan.threads > 1 else {}),
         "returned float32 weights": (MODEL_STATE, 4 * D),
     }
     cocoa = {

@@ -9,6 +9,11 @@ cache) that stalls a task on every large array: a fresh Python worker pays it fo
 CSR, the online table, the L-BFGS working table and every new buffer. The kernels prefetch the
 rows they gather, so 4 KiB pages do not slow them down (measurements: ``docs/design-notes.md``).
 
+Cpus per task: the train job's barrier tasks each run ``train.threads`` threads. Local mode has no
+stage-level scheduling (``allreduce.spark.barrier_profile``), so a local session terascale starts
+for a run with T > 1 threads gets ``spark.task.cpus = T`` (unless the config's ``spark.conf`` sets
+it); on a cluster the barrier stage asks for T cpus itself.
+
 Redaction: every session terascale starts or joins extends ``spark.redaction.regex`` (Spark's
 default, or the submitter's value) with terascale's rule, and ``spark.redaction.string.regex``
 with URI user-info (``pipeline.redact.spark_redaction_settings``), so Spark's UI,
@@ -24,6 +29,7 @@ import logging
 import os
 import sys
 
+from terascale.allreduce.spark import is_local
 from terascale.pipeline.redact import shown, spark_redaction_settings
 
 log = logging.getLogger("terascale")
@@ -37,11 +43,12 @@ def launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def get_spark(sconf):
+def get_spark(sconf, task_cpus: int = 1):
     """The Spark session: spark-submit's own, or a new one from the ``spark`` config section.
 
     Under spark-submit the master and settings come from spark-submit (the config's
     ``spark.master`` is ignored there, so one job file serves local runs and clusters).
+    ``task_cpus``: the cpus a barrier task needs (``train.threads``; see the module docstring).
     """
     from pyspark.sql import SparkSession
 
@@ -53,7 +60,7 @@ def get_spark(sconf):
     else:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-        settings = local_settings(sconf)
+        settings = local_settings(sconf, task_cpus)
         _launch_jvm_without_secrets({"spark.master": sconf.master, "spark.app.name": sconf.app_name, **settings})
         b = SparkSession.builder.master(sconf.master).appName(sconf.app_name)
         for k, v in settings.items():
@@ -81,15 +88,17 @@ def _launch_jvm_without_secrets(settings: dict) -> None:
     SparkContext._ensure_initialized(conf=SparkConf(loadDefaults=False).setAll(plain))
 
 
-def local_settings(sconf) -> dict:
+def local_settings(sconf, task_cpus: int = 1) -> dict:
     """The Spark settings of a session terascale starts itself: the config's ``spark.conf``,
-    plus defaults it does not set."""
+    plus defaults it does not set (``spark.task.cpus = task_cpus`` in local mode when > 1)."""
     extra = dict(sconf.conf)
     if sconf.master.startswith("local"):
         # a laptop or CI run: keep everything on loopback, no UI port to collide on
         extra.setdefault("spark.driver.host", "127.0.0.1")
         extra.setdefault("spark.driver.bindAddress", "127.0.0.1")
         extra.setdefault("spark.ui.enabled", "false")
+    if task_cpus > 1 and is_local(sconf.master):
+        extra.setdefault("spark.task.cpus", str(task_cpus))
     if not sys.stderr.isatty():
         extra.setdefault("spark.ui.showConsoleProgress", "false")  # no progress bars in logs
     extra.setdefault("spark.sql.execution.arrow.pyspark.enabled", "true")

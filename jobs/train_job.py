@@ -15,9 +15,9 @@ import logging
 import time
 import uuid
 
-from terascale.allreduce.spark import BarrierError, NetConf, run_barrier
+from terascale.allreduce.spark import BarrierError, NetConf, local_cores, run_barrier
 from terascale.jobs import checkpoint, preflight
-from terascale.jobs.config import Config, solver_params, to_dict
+from terascale.jobs.config import Config, ConfigError, solver_params, to_dict
 from terascale.jobs.progress import ProgressMonitor
 from terascale.jobs.run_checkpoints import RunCheckpoints
 from terascale.jobs.train_task import Inject, TaskSpec, run_train_task
@@ -76,6 +76,27 @@ def check_outputs(cfg: Config, data_dir: str, model_dir: str) -> None:
     what = "train.checkpoint_dir"
     artifacts.check_apart(ckpt, what, {"the input dataset": data_dir, "the model directory": model_dir})
     artifacts.check_target(ckpt, artifacts.CHECKPOINTS, True, what, "")
+
+
+def check_local_slots(cfg: Config) -> None:
+    """Before a local session starts (terascale's own, not spark-submit's): refuse a run whose
+    ``train.workers`` + ``train.spares`` barrier tasks of ``train.threads`` cpus each do not fit
+    the master's cores (``local[N]``: N // threads task slots). The barrier stage checks the
+    slots again on the real session (``allreduce.spark.preflight``)."""
+    from terascale.jobs.session import launched_by_spark_submit
+
+    t = cfg.train
+    cores = local_cores(cfg.spark.master)
+    if cores is None or launched_by_spark_submit():
+        return
+    cpus = max(t.threads, int(dict(cfg.spark.conf).get("spark.task.cpus", 1)))
+    if cores // cpus < t.workers + t.spares:
+        raise ConfigError(
+            f"spark.master = {cfg.spark.master!r} runs {cores} task threads: {cores // cpus} barrier task(s) of "
+            f"{cpus} cpus (train.threads = {t.threads}), but the barrier stage needs {t.workers + t.spares} at once "
+            f"(train.workers = {t.workers} + train.spares = {t.spares}); lower train.workers, train.spares or "
+            f"train.threads, or use more cores (local[N])"
+        )
 
 
 def _groups_path(data_dir: str, manifest: dict, params: SolverParams) -> str:
@@ -167,7 +188,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     try:
         with run_ckpt, ProgressMonitor(run_ckpt.dir, params.passes, train_rows, tty=_progress_tty(cfg)) as monitor:
             res = run_barrier(spark, t.workers, t.spares, lambda ctx: run_train_task(ctx, task),
-                              net=NetConf.from_conf(cfg.allreduce), max_attempts=t.max_attempts,
+                              net=NetConf.from_conf(cfg.allreduce), max_attempts=t.max_attempts, task_cpus=t.threads,
                               server_host=cfg.allreduce.host, job_name="terascale train", summarize_error=spark_error_summary,
                               no_retry=DETERMINISTIC_ERRORS, on_attempt=_fenced(run_ckpt.dir, monitor.attach))
     except BarrierError as e:
