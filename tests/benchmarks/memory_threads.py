@@ -1,0 +1,184 @@
+"""Threads per rank (``train.threads``): one worker with 2 threads against 2 workers with 1 thread.
+
+``measure(dataset_dir, workdir)`` on an existing featurized dataset (e.g. the 2M-row, 2^22
+benchmark data) measures:
+
+a. the online pass alone (``OnlineLearner._local_pass``, the whole shard in one process, in
+   memory, a fresh zero state before every pass, not timed) with 1 and 2 threads (Hogwild),
+   interleaved 1, 2, 1, 2, … (this machine's speed drifts): non-zeros per second (the CSR's
+   non-zeros plus one per row for the intercept, as bench_train counts them), best and median
+   of ``repeats`` each, their ratios (target: 2 threads >= 1.7x one), and each pass's
+   progressive loss (Hogwild's should stay close to the sequential pass's);
+b. the train job through the command line (``terascale train``, a fresh application each,
+   local[2]: the 1 x 2 run's session gets spark.task.cpus = 2), 2 workers x 1 thread and
+   1 worker x 2 threads, in that order and again ``job_repeats`` times: from each model's
+   metadata.json the history (objective, elapsed_s and elapsed_all_s per pass), every rank's peak
+   RSS (and their sum: the memory both layouts use), the memory preflight's estimate and
+   ``train_seconds``, and the end-to-end wall time. The caller compares the times to a target
+   objective (e.g. MLlib's, from bench_train) with :func:`time_to_objective`.
+
+Run alone: ``python -m tests.benchmarks.memory_threads DATASET WORKDIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tests.benchmarks.common import ROOT
+
+LAMBDA = 1e-6
+JOB_SETTINGS = ["spark.master=local[2]", f"train.l2={LAMBDA}", "train.tol=1e-12", "train.holdout_period=0",
+                "train.early_stop_passes=0", "train.passes=12"]
+LAYOUTS = {"2x1": (2, 1), "1x2": (1, 2)}  # name: (workers, threads)
+
+
+def _online_run(csr, threads):
+    """What ``solvers.api.train`` hands the online solver (the input agreement done), on ``threads``."""
+    from terascale.allreduce.communicator import LocalCommunicator
+    from terascale.solvers.catalogue import loss_spec
+    from terascale.solvers.objective import DistributedObjective
+    from terascale.solvers.params import SolverParams
+    from terascale.solvers.run import TrainRun
+    from terascale.solvers.setup import AgreeingCommunicator, Inputs
+    from terascale.solvers.tracker import PassTracker
+
+    params = SolverParams(solver="online", passes=1, threads=threads.size)
+    comm = LocalCommunicator()
+    inputs = Inputs(0, csr, None, params.loss)
+    inputs.agree(comm)
+    solver_comm = AgreeingCommunicator(comm, inputs)
+    loss_id = loss_spec(params.loss).id
+    return TrainRun(solver_comm, params, inputs, loss_id,
+                    DistributedObjective(inputs, solver_comm, loss_id, params.l2, threads=threads),
+                    PassTracker(solver_comm, inputs, loss_id, 0, threads=threads), threads=threads)
+
+
+def online_pass_rates(dataset_dir: str, repeats: int = 4) -> dict:
+    """Part (a) of the module docstring."""
+    from terascale.pipeline.dataset import read_dataset
+    from terascale.solvers.online import OnlineLearner
+    from terascale.solvers.threads import RowThreads
+
+    csr, _ = read_dataset(dataset_dir)
+    work = int(csr.nnz) + int(csr.n_rows)
+    pools = {t: RowThreads(t) for t in (1, 2)}
+    runs = {t: _online_run(csr, pools[t]) for t in (1, 2)}
+    seconds: dict[int, list[float]] = {1: [], 2: []}
+    progressive: dict[int, list[float]] = {1: [], 2: []}
+    try:
+        for t in (1, 2):  # warm: compile / load the kernels, start the pool's threads
+            OnlineLearner(runs[t])._local_pass(1)
+        for _ in range(repeats):
+            for t in (1, 2):
+                learner = OnlineLearner(runs[t])  # a fresh zero state
+                t0 = time.perf_counter()
+                loss_sum, weight_sum, problem = learner._local_pass(1)
+                seconds[t].append(time.perf_counter() - t0)
+                assert problem is None, problem
+                progressive[t].append(loss_sum / weight_sum)
+                del learner
+    finally:
+        for p in pools.values():
+            p.close()
+    out = {"rows": int(csr.n_rows), "nnz": int(csr.nnz), "work_per_pass": work, "repeats": repeats}
+    for t in (1, 2):
+        out[f"threads_{t}"] = {"seconds": seconds[t], "best_nnz_per_s": work / min(seconds[t]),
+                               "median_nnz_per_s": work / statistics.median(seconds[t]),
+                               "progressive_loss": progressive[t]}
+    out["speedup_best"] = min(seconds[1]) / min(seconds[2])
+    out["speedup_median"] = statistics.median(seconds[1]) / statistics.median(seconds[2])
+    out["meets_target"] = out["speedup_median"] >= 1.7
+    return out
+
+
+def _cli() -> list[str]:
+    exe = Path(sys.executable).with_name("terascale")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "terascale.jobs.cli"]
+
+
+def train_job(dataset_dir: str, model_dir: str, workers: int, threads: int, extra: list[str] = ()) -> dict:
+    """One ``terascale train`` run (part b): the figures from its metadata.json."""
+    sets = [*JOB_SETTINGS, f"train.workers={workers}", f"train.threads={threads}", *extra]
+    t0 = time.perf_counter()
+    r = subprocess.run(_cli() + ["train", "--input", dataset_dir, "--model", model_dir, "--overwrite"]
+                       + [a for s in sets for a in ("--set", s)], capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise RuntimeError(f"terascale train ({workers} x {threads}) failed: {r.stderr[-3000:]}")
+    meta = json.loads((Path(model_dir) / "metadata.json").read_text())
+    peaks = [p["peak_rss_bytes"] for p in meta["per_rank"]]
+    return {
+        "workers": workers, "threads": threads, "end_to_end_s": wall, "train_seconds": meta["train_seconds"],
+        "objective": meta["objective"], "stop_reason": meta["stop_reason"],
+        "history": [{k: e.get(k) for k in ("pass", "phase", "objective", "elapsed_s", "elapsed_all_s", "evaluations",
+                                           "progressive_loss")} for e in meta["history"]],
+        "per_rank_peak_rss_bytes": peaks, "peak_rss_bytes_sum": int(sum(peaks)),
+        "per_rank_csr_bytes": [p["csr_bytes"] for p in meta["per_rank"]],
+        "memory_estimate_bytes": meta["memory_estimate"]["needed_bytes"],
+        "memory_estimate_terms": meta["memory_estimate"]["terms"],
+    }
+
+
+def time_to_objective(history: list[dict], target: float, clock: str = "elapsed_s") -> float | None:
+    """The ``clock`` of the first pass whose objective is at or below ``target`` (None: never)."""
+    for e in history:
+        if e.get("objective") is not None and e["objective"] <= target:
+            return e[clock]
+    return None
+
+
+def measure(dataset_dir: str, workdir: str, repeats: int = 4, job_repeats: int = 1) -> dict:
+    """Parts (a) and (b) of the module docstring; returns the figures."""
+    work = Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    fig: dict = {"dataset": dataset_dir, "online_pass": online_pass_rates(dataset_dir, repeats)}
+    jobs: dict[str, list[dict]] = {name: [] for name in LAYOUTS}
+    for i in range(job_repeats):
+        for name, (workers, threads) in LAYOUTS.items():
+            jobs[name].append(train_job(dataset_dir, str(work / f"model-{name}-{i}"), workers, threads))
+    fig["train_job"] = jobs
+    # the runs' own common target: the worse of the two final objectives, reached by both
+    target = max(r["objective"] for runs in jobs.values() for r in runs)
+    summary = {}
+    for name, runs in jobs.items():
+        times = [time_to_objective(r["history"], target) for r in runs]
+        summary[name] = {"time_to_common_objective_s": None if None in times else statistics.median(times),
+                         "peak_rss_bytes_sum": statistics.median(r["peak_rss_bytes_sum"] for r in runs),
+                         "train_seconds": statistics.median(r["train_seconds"] for r in runs)}
+    a, b = summary["1x2"], summary["2x1"]
+    summary["common_objective"] = target
+    summary["time_ratio_1x2_over_2x1"] = (None if None in (a["time_to_common_objective_s"], b["time_to_common_objective_s"])
+                                          else a["time_to_common_objective_s"] / b["time_to_common_objective_s"])
+    summary["memory_ratio_1x2_over_2x1"] = a["peak_rss_bytes_sum"] / b["peak_rss_bytes_sum"]
+    fig["summary"] = summary
+    for i in range(job_repeats):
+        for name in LAYOUTS:
+            shutil.rmtree(work / f"model-{name}-{i}", ignore_errors=True)
+    return fig
+
+
+def _print(fig: dict) -> None:
+    o, s = fig["online_pass"], fig["summary"]
+    print(f"online pass: 1 thread {o['threads_1']['median_nnz_per_s'] / 1e6:.1f} M nnz/s, 2 threads "
+          f"{o['threads_2']['median_nnz_per_s'] / 1e6:.1f} M nnz/s (median of {o['repeats']}) -> "
+          f"{o['speedup_median']:.2f}x (best {o['speedup_best']:.2f}x; target >= 1.7x); progressive loss "
+          f"{np.mean(o['threads_1']['progressive_loss']):.6f} vs {np.mean(o['threads_2']['progressive_loss']):.6f}")
+    for name in LAYOUTS:
+        x = s[name]
+        print(f"train {name}: time to objective {s['common_objective']:.6f}: {x['time_to_common_objective_s']} s, "
+              f"train_seconds {x['train_seconds']:.1f}, peak RSS over ranks {x['peak_rss_bytes_sum'] / 2**20:.0f} MiB")
+    print(f"1x2 / 2x1: time {s['time_ratio_1x2_over_2x1']}, memory {s['memory_ratio_1x2_over_2x1']:.2f}")
+
+
+if __name__ == "__main__":
+    figures = measure(sys.argv[1], sys.argv[2])
+    _print(figures)
+    print(json.dumps(figures, indent=1, default=float))
