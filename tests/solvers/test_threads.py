@@ -7,6 +7,7 @@ pass against the single-thread pass."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -19,6 +20,7 @@ from terascale.solvers.active import ActiveFeatures
 from terascale.solvers.api import SolverParams, train
 from terascale.solvers.kernels import coarse as KC
 from terascale.solvers.kernels import objective as K
+from terascale.solvers.kernels.values import exceptions
 from terascale.solvers.local_table import LocalTable
 from terascale.solvers.objective import DistributedObjective, shard_sums, table_sums
 from terascale.solvers.preconditioner import compact_groups
@@ -167,7 +169,7 @@ def _reference_sums(s: Shard, theta: np.ndarray, parts: int):
     loss, grad, hess = 0.0, None, None
     for i in range(parts):
         g, h = np.zeros(s.n_features + 1), np.zeros(s.n_features + 1)
-        total, status, _ = K.loss_grad_hess(s.indptr, s.indices, s.values, s.labels, s.weights, theta, LOGISTIC,
+        total, status, _ = K.loss_grad_hess(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, theta, LOGISTIC,
                                             g, h, int(cuts[i]), int(cuts[i + 1]), 0.0)
         assert status == K.OK
         if i == 0:
@@ -240,7 +242,7 @@ def test_curvature_and_coarse_sums_are_the_block_order_reduction(problem, parts)
         ref = np.zeros(2)
         for i in range(parts):
             mine = np.zeros(2)
-            assert K.curvature_along(table.shard.indptr, table.shard.indices, table.shard.values, table.shard.labels,
+            assert K.curvature_along(table.shard.indptr, table.shard.indices, table.shard.values, table.shard.vpos, table.shard.labels,
                                      table.shard.weights, table._current, LOGISTIC, int(cuts[i]), int(cuts[i + 1]),
                                      stride, mine)[0] == K.OK
             ref += mine
@@ -262,7 +264,7 @@ def test_curvature_and_coarse_sums_are_the_block_order_reduction(problem, parts)
     table.load(space.compact(theta), False)
     for i in range(parts):
         e = np.zeros((k, k))
-        u, status, _ = KC.coarse_rows(table.shard.indptr, table.shard.indices, table.shard.values, table.shard.labels,
+        u, status, _ = KC.coarse_rows(table.shard.indptr, table.shard.indices, table.shard.values, table.shard.vpos, table.shard.labels,
                                       table.shard.weights, table._current, local_group, 5, LOGISTIC, int(cuts[i]),
                                       int(cuts[i + 1]), 1, e)
         assert status == KC.OK
@@ -376,3 +378,28 @@ def test_hogwild_pass_sees_every_row_once(small_chunks):
         train(data, LocalCommunicator(), SolverParams(solver="online", passes=1, threads=3, shuffle=shuffle),
               on_pass_end=states.append)
         assert states[0]["online_t"] == pytest.approx(total, rel=1e-12)
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_threaded_sums_are_the_same_for_every_value_layout(small_chunks, parts):
+    """Dense values, binary with exceptions, all ones (solvers.kernels.values): a block starting
+    mid-shard finds its first exception itself, so each layout gives the dense layout's bits."""
+    base = planted_problem(n=1500, d=200, density=0.04, seed=6)
+    rng = np.random.default_rng(0)
+    ones = np.where(rng.random(base.nnz) < 0.97, 1.0, 2.0).astype(np.float32)
+    dense = dataclasses.replace(base, values=ones)
+    vals, vpos = exceptions(ones)
+    layouts = {"dense": dense, "exceptions": dataclasses.replace(dense, values=vals, vpos=vpos),
+               "binary": dataclasses.replace(base, values=np.ones(base.nnz, np.float32))}
+    layouts["binary_empty"] = dataclasses.replace(layouts["binary"], values=np.zeros(0, np.float32))
+    theta = _theta(base.n_features)
+    got = {}
+    with RowThreads(parts) as threads:
+        for name, data in layouts.items():
+            s = Shard.from_csr(data)
+            g, h = np.zeros(s.n_features + 1), np.zeros(s.n_features + 1)
+            loss, bad = shard_sums(s, theta, LOGISTIC, g, h, None, threads)
+            assert bad is None
+            got[name] = (loss, g.tobytes(), h.tobytes())
+    assert got["exceptions"] == got["dense"]
+    assert got["binary_empty"] == got["binary"]
