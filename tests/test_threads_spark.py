@@ -100,3 +100,45 @@ def test_one_worker_with_two_threads_trains_to_the_single_thread_optimum(data, t
     assert (tmp_path / "t2" / "metadata.json").exists()
     assert "needs 2 concurrent task slots (2 workers + 0 spares of 2 cpus each), but the cluster offers 1" in res["w2"]
     assert not (tmp_path / "w2").exists()
+
+
+PROFILE_APP = """
+import json, os, sys
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+from pyspark.sql import SparkSession
+from terascale.allreduce.spark import BarrierError, NetConf, run_barrier
+from terascale.pipeline.spark_errors import spark_error_summary
+
+spark = (SparkSession.builder.master("local-cluster[2,2,1024]").config("spark.ui.enabled", "false")
+         .config("spark.driver.host", "127.0.0.1").getOrCreate())
+
+def task(ctx):
+    from pyspark import BarrierTaskContext
+    node = ctx.join()
+    try:
+        return {"rank": node.rank, "cpus": BarrierTaskContext.get().cpus()}
+    finally:
+        node.close()
+
+net = NetConf(startup_timeout_s=60.0)
+res = {"two": [r["cpus"] for r in run_barrier(spark, 2, 0, task, net=net, task_cpus=2,
+                                               summarize_error=spark_error_summary).results]}
+try:
+    run_barrier(spark, 3, 0, task, net=NetConf(startup_timeout_s=3.0), task_cpus=2, summarize_error=spark_error_summary)
+    res["three"] = "ran"
+except BarrierError as e:
+    res["three"] = str(e)
+spark.stop()
+print(json.dumps(res))
+"""
+
+
+def test_on_a_cluster_the_barrier_stage_asks_for_the_threads_cpus():
+    """local-cluster[2,2,1024] (standalone: 2 executors of 2 cores, spark.task.cpus = 1): the
+    barrier stage's task resource profile gives each task 2 cpus, so 2 tasks fit and 3 do not."""
+    r = subprocess.run([sys.executable, "-c", PROFILE_APP], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-4000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["two"] == [2, 2]
+    assert ("needs 3 concurrent task slots (3 workers + 0 spares of 2 cpus each), but the cluster offers 2 "
+            "(executor cores / 2 cpus per task (train.threads))") in res["three"]

@@ -13,7 +13,9 @@ b. the train job through the command line (``terascale train``, a fresh applicat
    local[2]: the 1 x 2 run's session gets spark.task.cpus = 2), 2 workers x 1 thread and
    1 worker x 2 threads, in that order and again ``job_repeats`` times: from each model's
    metadata.json the history (objective, elapsed_s and elapsed_all_s per pass), every rank's peak
-   RSS (and their sum: the memory both layouts use), the memory preflight's estimate and
+   RSS (and their sum: the memory both layouts use), every rank's model state (the memory
+   accounting's ``model_state`` at its peak phase, ``per_rank[i].memory``) and their sum, the
+   memory preflight's estimate and
    ``train_seconds``, and the end-to-end wall time. The caller compares the times to a target
    objective (e.g. MLlib's, from bench_train) with :func:`time_to_objective`.
 
@@ -115,6 +117,8 @@ def train_job(dataset_dir: str, model_dir: str, workers: int, threads: int, extr
         raise RuntimeError(f"terascale train ({workers} x {threads}) failed: {r.stderr[-3000:]}")
     meta = json.loads((Path(model_dir) / "metadata.json").read_text())
     peaks = [p["peak_rss_bytes"] for p in meta["per_rank"]]
+    mem = [p.get("memory") or {} for p in meta["per_rank"]]
+    state = [m.get("breakdown", {}).get("model_state") for m in mem]
     return {
         "workers": workers, "threads": threads, "end_to_end_s": wall, "train_seconds": meta["train_seconds"],
         "objective": meta["objective"], "stop_reason": meta["stop_reason"],
@@ -122,6 +126,9 @@ def train_job(dataset_dir: str, model_dir: str, workers: int, threads: int, extr
                                            "progressive_loss")} for e in meta["history"]],
         "per_rank_peak_rss_bytes": peaks, "peak_rss_bytes_sum": int(sum(peaks)),
         "per_rank_csr_bytes": [p["csr_bytes"] for p in meta["per_rank"]],
+        "per_rank_phase_peaks": [m.get("phase_peaks") for m in mem],
+        "per_rank_model_state_bytes": state,  # the accounting's model_state at the rank's peak phase
+        "model_state_bytes_sum": None if None in state else int(sum(state)),
         "memory_estimate_bytes": meta["memory_estimate"]["needed_bytes"],
         "memory_estimate_terms": meta["memory_estimate"]["terms"],
     }
@@ -152,12 +159,15 @@ def measure(dataset_dir: str, workdir: str, repeats: int = 4, job_repeats: int =
         times = [time_to_objective(r["history"], target) for r in runs]
         summary[name] = {"time_to_common_objective_s": None if None in times else statistics.median(times),
                          "peak_rss_bytes_sum": statistics.median(r["peak_rss_bytes_sum"] for r in runs),
+                         "model_state_bytes_sum": runs[0]["model_state_bytes_sum"],
                          "train_seconds": statistics.median(r["train_seconds"] for r in runs)}
     a, b = summary["1x2"], summary["2x1"]
     summary["common_objective"] = target
     summary["time_ratio_1x2_over_2x1"] = (None if None in (a["time_to_common_objective_s"], b["time_to_common_objective_s"])
                                           else a["time_to_common_objective_s"] / b["time_to_common_objective_s"])
     summary["memory_ratio_1x2_over_2x1"] = a["peak_rss_bytes_sum"] / b["peak_rss_bytes_sum"]
+    summary["model_state_ratio_1x2_over_2x1"] = (None if None in (a["model_state_bytes_sum"], b["model_state_bytes_sum"])
+                                                 else a["model_state_bytes_sum"] / b["model_state_bytes_sum"])
     fig["summary"] = summary
     for i in range(job_repeats):
         for name in LAYOUTS:
@@ -175,7 +185,8 @@ def _print(fig: dict) -> None:
         x = s[name]
         print(f"train {name}: time to objective {s['common_objective']:.6f}: {x['time_to_common_objective_s']} s, "
               f"train_seconds {x['train_seconds']:.1f}, peak RSS over ranks {x['peak_rss_bytes_sum'] / 2**20:.0f} MiB")
-    print(f"1x2 / 2x1: time {s['time_ratio_1x2_over_2x1']}, memory {s['memory_ratio_1x2_over_2x1']:.2f}")
+    print(f"1x2 / 2x1: time {s['time_ratio_1x2_over_2x1']}, peak RSS {s['memory_ratio_1x2_over_2x1']:.2f}, "
+          f"model state {s['model_state_ratio_1x2_over_2x1']}")
 
 
 if __name__ == "__main__":
