@@ -65,6 +65,13 @@ def test_study_bookkeeping(problem):
             assert row["seconds_to_target"] == traj["seconds"][first - 1]
         assert row["seconds_per_epoch"] == pytest.approx(traj["seconds"][-1] / len(f))
     assert reached["lbfgs"] and not reached["online"]  # both branches exercised
+    # the doc's table row of each learner says the same
+    table = B.markdown({"sizes": {"1500": res}})
+    for name, row in res["learners"].items():
+        e = row["epochs_to_target"]
+        line = next(x for x in table.splitlines() if f"`{name}`" in x)
+        assert line.startswith("| 1,500 |")
+        assert line.split(" | ")[3] == (f"{e:g}" if e is not None else f"not in {row['epochs_run']}")
 
 
 def test_minibatch_one_thread_all_rows_is_one_plain_online_pass(problem):
@@ -86,12 +93,17 @@ def test_minibatch_epoch_callback_gets_the_weights(problem):
 
 def test_minibatch_two_threads_one_round_is_the_online_solver_on_two_ranks(problem):
     """b ≥ the block: one round per epoch, then the G-weighted average = per-coordinate averaging
-    of two ranks holding the same blocks (solvers.averaging), bit for bit."""
+    of two ranks holding the same blocks (solvers.averaging), and the totals' mean: every epoch
+    bit for bit."""
     data, _ = problem
-    state = B.minibatch_epochs(data, 2, data.n_rows, 1)
-    res = train_on_tree(B.shards_of(data, 2), SolverParams(solver="online", passes=1, l2=B.LAMBDA))
-    assert np.array_equal(res[0].weights, state[:-1, W])
-    assert res[0].intercept == float(state[-1, W])
+    per_epoch = []
+    B.minibatch_epochs(data, 2, data.n_rows, 3, on_epoch=lambda w, b: per_epoch.append((w.copy(), b)))
+    states = {}  # pass -> (weights, intercept): the same on both ranks
+    train_on_tree(B.shards_of(data, 2), SolverParams(solver="online", passes=3, l2=B.LAMBDA),
+                  on_pass_end=lambda s: states.__setitem__(s["pass"], (s["weights"].copy(), s["intercept"])))
+    assert sorted(states) == [1, 2, 3]
+    for p, (w, b) in enumerate(per_epoch, start=1):
+        assert np.array_equal(w, states[p][0]) and b == states[p][1], f"epoch {p}"
 
 
 def test_minibatch_plain_average_is_the_mean_of_the_blocks_passes(problem):

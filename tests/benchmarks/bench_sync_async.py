@@ -11,8 +11,8 @@ tight tolerance (``ref_passes`` iterations, tol 1e-12) and every value any learn
 "within 1%" means f ≤ 1.01·f*. As in the paper, the time to evaluate the objective is not
 counted: each learner's clock (:class:`Clock`) stops while it is scored, and a learner's time
 is its own from the call that starts it (the data already in memory; numba kernels compiled by
-a warm-up run on a few rows). The held-out log loss (rows after the training rows, not used by
-any learner) is recorded beside f, untimed.
+a warm-up run on a few rows). The held-out log loss (the dataset's last rows, the same for every
+size, never trained on) is recorded beside f, untimed.
 
 **Learners** (:func:`learners`; an epoch is one pass over the data for the online learners and
 the mini-batch baseline, one iteration for L-BFGS, one round for CoCoA):
@@ -36,8 +36,10 @@ rotated every repeat; the figures are medians over repeats.
 
 Run: ``python -m tests.benchmarks.bench_sync_async [--rows 500000] [--repeats 2] [--smoke]``
 (``make bench`` / ``python -m tests.benchmarks sync_async`` run the defaults). Writes
-``bench-results/sync_async.json`` (when run alone; the bench runner writes it otherwise) and
-``bench-results/sync_async.png`` (objective gap against seconds and against epochs).
+``bench-results/sync_async.json`` (when run alone; the bench runner writes it otherwise),
+``bench-results/sync_async.png`` (objective gap against seconds and against epochs) and
+``bench-results/sync_async.md`` (the doc's table); ``--out NAME`` names them. ``--plot-from
+a.json,b.json`` merges the sizes of earlier runs into one table and one plot without running.
 """
 
 from __future__ import annotations
@@ -173,8 +175,10 @@ def minibatch_epochs(data: CSRData, threads: int, batch_rows: int, epochs: int,
     ``solvers.averaging``); ``"plain"``: w̄ = mean wᵢ, Ḡ = mean Gᵢ. A feature no row of the
     round touched has the same w and G in every copy, which both averages leave as they are.
     The normalizers s stay per thread (a function of each thread's rows, as per rank).
-    Totals follow the Hogwild pass: each thread starts the epoch from the epoch's starting
-    totals, and after the epoch they are those plus every thread's increment, in thread order.
+    Totals follow the ranks' averaging (``solvers.online``): each thread starts the epoch from
+    the epoch's starting totals and adds its own rows' increments; after the epoch the totals
+    are the threads' mean (summed in thread order), so with ``batch_rows`` ≥ a block every
+    epoch is that of the online solver on T ranks holding the blocks, bit for bit.
 
     With ``threads = 1`` there is nothing to average: ``batch_rows`` ≥ the rows gives one
     plain ``online_pass`` call per epoch, bit for bit."""
@@ -214,9 +218,10 @@ def minibatch_epochs(data: CSRData, threads: int, batch_rows: int, epochs: int,
                         f.result()
                     _average(states, s, pos, ends, marks, weighting)
                     pos = ends
-                start = totals.copy()
-                for t in mine:
-                    totals += t - start
+                totals[:] = mine[0]
+                for t in mine[1:]:
+                    totals += t
+                totals /= threads
             if on_epoch is not None:
                 table = states[0]
                 on_epoch(table[:-1, W].astype(np.float64), float(table[-1, W]))
@@ -462,16 +467,17 @@ def study(data: CSRData, holdout: CSRData | None, chosen: list[Learner], repeats
 
 
 def load_rows(dataset: Path, rows: int, holdout_rows: int) -> tuple[CSRData, CSRData]:
-    """The first ``rows`` rows of the featurized dataset (training) and the next ``holdout_rows``."""
+    """The first ``rows`` rows of the featurized dataset (training) and its last ``holdout_rows``
+    rows (held out: the same rows for every size; training stops before them)."""
     from terascale.pipeline.dataset import read_dataset
 
     csr, _ = read_dataset(str(dataset))
-    rows = min(rows, csr.n_rows)
-    held = min(holdout_rows, csr.n_rows - rows)
+    held = min(holdout_rows, csr.n_rows)
+    rows = min(rows, csr.n_rows - held)
     head = np.zeros(csr.n_rows, dtype=bool)
     head[:rows] = True
     tail = np.zeros(csr.n_rows, dtype=bool)
-    tail[rows : rows + held] = True
+    tail[csr.n_rows - held :] = True
     return csr.take_rows(head), csr.take_rows(tail)
 
 
@@ -508,12 +514,13 @@ def plot(result: dict, path: Path) -> Path:
     sizes = result["sizes"]
     fig, axes = plt.subplots(len(sizes), 2, figsize=(11, 3.6 * len(sizes)), squeeze=False)
     styles = {"async": "-", "sync": "--", "dual": ":"}
+    names = list(dict.fromkeys(n for res in sizes.values() for n in res["learners"]))  # one colour per learner
     for row, (size, res) in zip(axes, sizes.items(), strict=True):
         f_star = res["f_star"]
-        for i, (name, ln) in enumerate(res["learners"].items()):
+        for name, ln in res["learners"].items():
             traj = ln["trajectories"][0]
             gap = [max(f / f_star - 1.0, 1e-7) for f in traj["objective"]]
-            kw = {"label": name, "linestyle": styles.get(ln["family"], "-"), "color": f"C{i % 10}",
+            kw = {"label": name, "linestyle": styles.get(ln["family"], "-"), "color": plt.get_cmap("tab20")(names.index(name) % 20),
                   "marker": ".", "markersize": 3, "linewidth": 1.2}
             row[0].plot(traj["seconds"], gap, **kw)
             row[1].plot(range(1, len(gap) + 1), gap, **kw)
@@ -543,6 +550,47 @@ def _table_lines(res: dict) -> list[str]:
     return lines
 
 
+def merged(paths: list[str], name: str) -> dict:
+    """One result with the sizes of several result files (in order), and its plot and table. A
+    size that is in several files must have the same f* in each; a later file's learners then
+    replace the earlier file's of the same name (a rerun of some learners, ``--only``)."""
+    import json
+
+    out: dict[str, Any] = {"name": name, "sizes": {}, "runs": []}
+    for path in paths:
+        part = json.loads(Path(path).read_text())
+        for size, res in part["sizes"].items():
+            have = out["sizes"].get(size)
+            if have is None:
+                out["sizes"][size] = res
+            elif have["f_star"] == res["f_star"]:  # a rerun of some learners: they replace the earlier rows
+                have["learners"].update(res["learners"])
+            else:
+                raise ValueError(f"{path}: {size} rows has f* = {res['f_star']}, an earlier file {have['f_star']}")
+        out["runs"].append({k: v for k, v in part.items() if k != "sizes"})
+    out["plot"] = str(plot(out, RESULTS / f"{name}.png"))
+    (RESULTS / f"{name}.md").write_text(markdown(out))
+    return out
+
+
+def markdown(result: dict) -> str:
+    """The doc's table: per size and learner, the medians over repeats."""
+    lines = ["| rows | learner | s / epoch | epochs to 1% | data passes to 1% | s to 1% | gap after last epoch | "
+             "held-out log loss, last epoch (best epoch) |", "|---|---|---|---|---|---|---|---|"]
+    for size, res in result["sizes"].items():
+        for name, ln in res["learners"].items():
+            e, s = ln["epochs_to_target"], ln["seconds_to_target"]
+            p = ln["data_passes_to_target"]
+            n = ln["epochs_run"]
+            ho = ln["trajectories"][0]["holdout_loss"]
+            best = int(np.argmin(ho)) + 1
+            reach = f"{e:g}" if e is not None else f"not in {n}"
+            lines.append(f"| {f'{int(size):,}' if size.isdigit() else size} | `{name}` | {ln['seconds_per_epoch']:.3f} | {reach} | "
+                         f"{f'{p:g}' if p is not None else '–'} | {f'{s:.2f}' if s is not None else '–'} | "
+                         f"{ln['final_gap']:.2%} | {ho[-1]:.4f} ({min(ho):.4f} at {best}) |")
+    return "\n".join(lines) + "\n"
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench_sync_async", description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", default=str(DATASET))
@@ -557,12 +605,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--only", default="", help="learners to run, comma-separated (default all)")
     p.add_argument("--smoke", action="store_true", help="a tiny generated problem, 1 repeat, few epochs")
     p.add_argument("--out", default=NAME, help="name of the JSON and PNG under bench-results/")
+    p.add_argument("--plot-from", default="", help="no run: merge the sizes of these result JSONs "
+                   "(comma-separated) into one result and one plot")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Run the study (``argv``: the command-line flags; None = the defaults) and write the plot."""
     args = parse_args([] if argv is None else argv)
+    if args.plot_from:
+        return merged(args.plot_from.split(","), args.out)
     batch = tuple(int(b) for b in args.batch_rows.split(",") if b)
     if args.smoke:
         chosen = learners(epochs=3, lbfgs_epochs=6, cocoa_epochs=3, batch_rows=(100,))
@@ -591,8 +643,9 @@ def main(argv: list[str] | None = None) -> dict:
             print("   " + line, flush=True)
         del data, holdout
     out["total_seconds"] = time.perf_counter() - t0
-    out["name"] = args.out
+    out["name"], out["argv"] = args.out, list(argv or [])
     out["plot"] = str(plot(out, RESULTS / f"{args.out}.png"))
+    (RESULTS / f"{args.out}.md").write_text(markdown(out))
     return out
 
 
