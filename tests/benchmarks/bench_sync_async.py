@@ -28,7 +28,8 @@ the mini-batch baseline, one iteration for L-BFGS, one round for CoCoA):
   ``solvers.averaging`` does across ranks) and the next b rows start from the average.
 * ``lbfgs`` / ``lbfgs-T2``: L-BFGS from zero, 1 and 2 threads (the gradient pass split into
   fixed row blocks: the synchronous parallel batch method).
-* ``hybrid`` / ``hybrid-T2``: one online pass (Hogwild with T2), then L-BFGS.
+* ``hybrid`` / ``hybrid-T2`` / ``hybrid-K2``: one online pass (Hogwild with T2; averaged
+  across the 2 ranks with K2), then L-BFGS.
 * ``cocoa`` / ``cocoa-T2``: CoCoA with K = 1 (SDCA), its local solver on 1 and 2 threads.
 
 **Timing.** The machine is shared: the learners run interleaved, ``repeats`` times, the order
@@ -300,6 +301,8 @@ def learners(epochs: int = 12, lbfgs_epochs: int = 25, cocoa_epochs: int = 15,
         Learner("lbfgs-T2", "solver", lbfgs_epochs, {"solver": "lbfgs"}, threads=2, family="sync"),
         Learner("hybrid", "solver", lbfgs_epochs, {"solver": "hybrid", "online_passes": 1}, family="sync"),
         Learner("hybrid-T2", "solver", lbfgs_epochs, {"solver": "hybrid", "online_passes": 1}, threads=2,
+                family="sync"),
+        Learner("hybrid-K2", "ranks", lbfgs_epochs, {"solver": "hybrid", "online_passes": 1}, ranks=2,
                 family="sync"),
         Learner("cocoa", "solver", cocoa_epochs, {"solver": "cocoa"}, family="dual"),
         Learner("cocoa-T2", "solver", cocoa_epochs, {"solver": "cocoa"}, threads=2, family="dual"),
