@@ -39,7 +39,10 @@ class LocalTable:
         are then this table's, no longer feature ids."""
         slot = np.full(shard.n_features, -1, dtype=np.int32)  # by feature id
         indices = shard.indices if in_place else np.empty(shard.indices.shape, dtype=np.int32)
-        n_slots = number_by_first_use(shard.indices, slot, indices, 0)
+        n_slots = 0
+        for a, b in shard.chunks():  # the numbering carries over from range to range
+            z0, z1 = shard.indptr[a], shard.indptr[b]
+            n_slots = number_by_first_use(shard.indices[z0:z1], slot, indices[z0:z1], n_slots)
         used = np.flatnonzero(slot >= 0)
         self.ids = np.empty(n_slots, dtype=np.int64)
         self.ids[slot[used]] = used
@@ -114,8 +117,10 @@ class LocalTable:
             load_column(theta, self.compact_of, t, 0)
             self._current, self._theta = t, theta
         local_group = group[self.compact_of]
-        used, status, row = KC.coarse_rows(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, t,
-                                           local_group, n_groups, loss_id, 0, s.n_rows, stride, E)
+        used, status, row = 0.0, KC.OK, -1
+        for a, b in s.chunks(0, s.n_rows, max(s.n_rows, 1)):  # one call (its sums are per call): the sampled rows
+            used, status, row = KC.coarse_rows(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, t,
+                                               local_group, n_groups, loss_id, a, b, stride, E)
         if status != KC.OK:
             return f"rank-local non-finite margin at row {row}"
         if used > 0.0:
