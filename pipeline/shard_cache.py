@@ -59,6 +59,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from terascale.solvers.constraints import ConfigError
 from terascale.solvers.data import CSRData
 from terascale.solvers.errors import InvalidInputError
 
@@ -97,6 +98,13 @@ def minimum_budget_mb(threads: int, largest_row_bytes: int = 0) -> int:
     largest row when that is more."""
     block = max(MIN_BLOCK_BYTES, largest_row_bytes)
     return -(-block * max(threads, 1) // MIB)
+
+
+def budget_error(budget_mb: int, threads: int, mode: str, note: str = "") -> ConfigError:
+    """The error of a budget below :func:`minimum_budget_mb` (naming the key, the value, the minimum)."""
+    return ConfigError(f"train.memory_budget_mb = {budget_mb}: must be at least {minimum_budget_mb(threads)} with "
+                       f"train.data_cache = {mode!r} (one block of rows, {MIN_BLOCK_BYTES >> 20} MiB, for each of "
+                       f"train.threads = {threads}){note}")
 
 
 def _page_span(start: int, stop: int, size: int) -> tuple[int, int]:
@@ -352,6 +360,42 @@ class CacheSpec:
     run_id: str = ""
 
 
+def choose(mode: str, budget_mb: int, threads: int, shuffle: bool, shard_bytes: int, available: int | None,
+           available_from: str, rest_bytes: int) -> tuple[str, int, str]:
+    """(memory or disk, the budget in bytes, why) for ``train.data_cache = mode`` on the driver.
+
+    The budget is ``budget_mb`` MiB when set, else what the rank's memory ``available`` (None:
+    unknown; ``available_from`` says where it came from) leaves after ``rest_bytes``, the rest of
+    the rank's estimated peak (``jobs.preflight``). ``auto`` keeps the shard in memory when its
+    ``shard_bytes`` (the largest shard's) fit the budget, when the budget is unknown, or with a
+    shuffled order (``shuffle``); disk otherwise. Raises ConfigError when disk needs a budget
+    that is unknown or below :func:`minimum_budget_mb`."""
+    if mode == "memory":
+        return "memory", 0, "train.data_cache = memory"
+    if budget_mb > 0:
+        budget, source = budget_mb * MIB, f"train.memory_budget_mb = {budget_mb}"
+    elif available is not None:
+        budget = available - rest_bytes
+        source = (f"train.memory_budget_mb = 0: the rank's {available / MIB:.0f} MiB ({available_from}) less "
+                  f"{rest_bytes / MIB:.0f} MiB for the rest of its peak = {budget / MIB:.0f} MiB")
+    else:
+        budget, source = None, f"the rank's memory is unknown ({available_from})"
+    if mode == "auto":
+        if shuffle:
+            return "memory", 0, "train.data_cache = auto with train.shuffle = true: memory (a shuffled order reads rows at random)"
+        if budget is None:
+            return "memory", 0, f"train.data_cache = auto: memory, {source}"
+        if shard_bytes <= budget:
+            return "memory", budget, f"train.data_cache = auto: memory, the shard's {shard_bytes / MIB:.0f} MiB fit ({source})"
+    if budget is None:
+        raise ConfigError(f"train.data_cache = {mode!r}: needs train.memory_budget_mb, as {source}; set it, or "
+                          "train.rank_memory_mb")
+    if budget < minimum_budget_mb(threads) * MIB:
+        raise budget_error(budget_mb, threads, mode, f"; here {source}")
+    why = f"the shard's {shard_bytes / MIB:.0f} MiB do not fit, " if mode == "auto" else ""
+    return "disk", int(budget), f"train.data_cache = {mode}: disk, {why}{source}"
+
+
 class ShardCache:
     """One task's cache directory (see the module docstring): created by :meth:`open` (which
     first removes the run's stale directories), removed by :meth:`close`."""
@@ -375,6 +419,15 @@ class ShardCache:
             json.dump(marker, f)
         os.replace(tmp, os.path.join(self.directory, MARKER))
         return self
+
+    def check_space(self, planned_bytes: int) -> None:
+        """Raise OSError when the cache's file system has less free space than ``planned_bytes``
+        (the shard's planned CSR bytes): a clear error before the read, not a full disk in it."""
+        free = shutil.disk_usage(self.directory).free
+        if free < planned_bytes:
+            raise OSError(f"shard cache {self.directory}: shard {self.shard} needs about {planned_bytes / MIB:.0f} MiB, "
+                          f"the disk has {free / MIB:.0f} MiB free; set train.cache_dir to a larger local disk, or "
+                          "train.data_cache=memory")
 
     def sink_factory(self):
         """A ``read_shard`` sink factory for a new read: the training rows' sink first, then the
@@ -413,13 +466,3 @@ class ShardCache:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def disk_usage(path: str) -> int:
-    """Free bytes on the file system holding ``path`` (its nearest existing parent)."""
-    while not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return shutil.disk_usage(path).free
