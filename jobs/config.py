@@ -22,7 +22,7 @@ import yaml
 from terascale.allreduce.ciphers import CIPHERS, DEFAULT_CIPHER
 from terascale.pipeline.redact import redact, shown
 from terascale.pipeline.sampling import CALIBRATIONS
-from terascale.pipeline.shard_cache import MIN_BLOCK_BYTES, budget_error, minimum_budget_mb
+from terascale.pipeline.shard_cache import budget_error, minimum_budget_mb
 from terascale.pipeline.spec import MAX_BITS
 from terascale.solvers.catalogue import PARAMS as SOLVER_PARAMS
 from terascale.solvers.constraints import (  # noqa: F401 - ConfigError and the constraint types are this module's API too
@@ -176,7 +176,8 @@ class _TrainJobTail:
         OneOf(("memory", "disk", "auto")))
     memory_budget_mb: int = param(
         0, "per rank, the shard's bytes it may hold in memory at once with train.data_cache = disk (and what auto "
-        f"compares the shard with); at least {MIN_BLOCK_BYTES >> 20} MiB per thread (train.threads); 0 = what the "
+        f"compares the shard with); at least {minimum_budget_mb(1)} MiB per thread (train.threads): a block of "
+        "rows and the page cache's folios at its edges; 0 = what the "
         "rank's memory (train.rank_memory_mb, else the Spark settings, as the preflight finds it) leaves after the "
         "rest of its estimated peak", Interval(0, None, integer=True))
     cache_dir: str = param(

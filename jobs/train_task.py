@@ -233,7 +233,8 @@ def _train(ctx, spec: TaskSpec, cache: ShardCache | None) -> dict:
         "resumed_from_pass": resumed_from,
         "peak_rss_bytes": _peak_rss(),
         "numpy_madvise_hugepage": os.environ.get("NUMPY_MADVISE_HUGEPAGE"),  # jobs.session.EXECUTOR_ENV
-        "data_cache": spec.cache.mode,
+        "data_cache": {"mode": spec.cache.mode, **({} if cache is None else {
+            "chunk_rows": int(train_data.chunk_rows), "stale_removed": len(cache.stale_removed)})},
     }
     if comm.rank == 0:
         modeldir.write_weights(spec.staging_dir, result.weights)

@@ -19,9 +19,13 @@ reads (a resume restart reads the shard again, into new files). :meth:`DiskSink.
 files (``np.memmap``, shared and writable: L-BFGS renumbers ``indices`` in place, and the writes
 go to the task's own file) and returns them as a :class:`~solvers.data.CSRData` whose ``release``
 drops a range of rows from the process's memory (``madvise(MADV_DONTNEED)`` on the pages of
-every array the rows use, page-aligned outwards) and whose ``chunk_rows`` is the number of rows
-that fit the budget: ``budget_bytes / threads`` over the largest row's bytes (8 for indptr, 8 for
-its label and weight, 4 per non-zero, plus 4 per non-zero for dense values or 12 per exception).
+every array the rows use, page-aligned outwards; the mappings use small pages, as a huge page
+would map 2 MiB of the page cache around a block's edges) and whose ``chunk_rows`` is the number of rows
+that fit the budget: a thread's share ``budget_bytes / threads``, less what a block may map
+beyond its rows (a fault maps the whole page-cache folio holding the page, up to 2 MiB with
+Linux's large folios: one per edge of each array, :func:`edge_bytes`), over the largest row's
+bytes (8 for indptr, 8 for its label and weight, 4 per non-zero, plus 4 per non-zero for dense
+values or 12 per exception).
 Every pass walks the shard through ``solvers.shard.Shard.chunks``, which releases each range
 after it, so a pass holds one block of rows per thread: the pages stay in the page cache (a
 warm pass reads memory, not the disk), but not in the process's resident set.
@@ -69,6 +73,11 @@ MIB = 1 << 20
 #: The smallest block of rows a pass may walk per thread: below a few MiB the work per block
 #: (a kernel call, a madvise per array, a progress call) starts to show against its rows.
 MIN_BLOCK_BYTES = 4 * MIB
+#: A fault maps the whole page-cache folio that holds the page (Linux's large folios: up to
+#: 2 MiB, the PMD size, whatever madvise says), so a block's resident bytes may exceed its rows'
+#: by up to one folio at each edge of each array it reads.
+FOLIO_BYTES = 2 * MIB
+MAX_ARRAYS = 6  # indptr, indices, labels, weights and the values' two arrays
 ROOT = "terascale-cache"
 MARKER = "_terascale_shard_cache.json"
 _ARRAYS = ("indptr", "indices", "labels", "weights", "vpos", "values")
@@ -88,23 +97,29 @@ class CacheBudget:
     key: str = "train.memory_budget_mb"
     value: object = None
 
-    @property
-    def per_thread(self) -> int:
-        return self.bytes // max(self.threads, 1)
+    def block_bytes(self, arrays: int) -> int:
+        """The bytes of one thread's block of rows: its share less the folios at the edges of
+        the ``arrays`` arrays it reads."""
+        return self.bytes // max(self.threads, 1) - edge_bytes(arrays)
 
 
-def minimum_budget_mb(threads: int, largest_row_bytes: int = 0) -> int:
-    """The smallest budget (MiB) that holds one block per thread: :data:`MIN_BLOCK_BYTES`, or the
-    largest row when that is more."""
-    block = max(MIN_BLOCK_BYTES, largest_row_bytes)
-    return -(-block * max(threads, 1) // MIB)
+def edge_bytes(arrays: int) -> int:
+    """What a block of rows over ``arrays`` arrays may hold beyond its rows: a folio per edge."""
+    return arrays * 2 * FOLIO_BYTES
+
+
+def minimum_budget_mb(threads: int, largest_row_bytes: int = MIN_BLOCK_BYTES, arrays: int = MAX_ARRAYS) -> int:
+    """The smallest budget (MiB) that holds a block per thread: its rows (at least
+    :data:`MIN_BLOCK_BYTES`, or the largest row) and the folios at its edges."""
+    return -(-(edge_bytes(arrays) + largest_row_bytes) * max(threads, 1) // MIB)
 
 
 def budget_error(budget_mb: int, threads: int, mode: str, note: str = "") -> ConfigError:
     """The error of a budget below :func:`minimum_budget_mb` (naming the key, the value, the minimum)."""
     return ConfigError(f"train.memory_budget_mb = {budget_mb}: must be at least {minimum_budget_mb(threads)} with "
-                       f"train.data_cache = {mode!r} (one block of rows, {MIN_BLOCK_BYTES >> 20} MiB, for each of "
-                       f"train.threads = {threads}){note}")
+                       f"train.data_cache = {mode!r} (for each of train.threads = {threads}, a block of rows of "
+                       f"{MIN_BLOCK_BYTES >> 20} MiB and the page cache's folios at its edges, "
+                       f"{edge_bytes(MAX_ARRAYS) >> 20} MiB){note}")
 
 
 def _page_span(start: int, stop: int, size: int) -> tuple[int, int]:
@@ -121,6 +136,9 @@ class _Mapped:
     def __init__(self, arrays: dict[str, np.ndarray]):
         self.arrays = arrays
         self._maps = {k: a._mmap for k, a in arrays.items() if isinstance(a, np.memmap) and a._mmap is not None}
+        for m in self._maps.values():  # small pages: a huge one would map 2 MiB around a block's edges
+            if hasattr(mmap, "MADV_NOHUGEPAGE"):
+                m.madvise(mmap.MADV_NOHUGEPAGE)
 
     def _drop(self, name: str, first: int, last: int) -> None:
         m = self._maps.get(name)
@@ -254,12 +272,14 @@ class DiskSink:
                   "vpos": n_vpos, "values": n_values}
         arrays = {k: _map(self._path(k), _DTYPES[k], counts[k]) for k in _ARRAYS}
         mapped = _Mapped(arrays)
-        chunk_rows = self.budget.per_thread // row_bytes
+        used = 4 + (n_values > 0) + (n_vpos > 0)
+        chunk_rows = self.budget.block_bytes(used) // row_bytes
         if self.r and chunk_rows < 1:
-            mb = minimum_budget_mb(self.budget.threads, row_bytes)
+            mb = minimum_budget_mb(self.budget.threads, row_bytes, used)
             raise InvalidInputError(
                 f"{self.budget.key} = {self.budget.value}: must be at least {mb} (MiB): a row of this shard "
-                f"takes {row_bytes} bytes and each of {self.budget.threads} thread(s) holds a block of rows")
+                f"takes {row_bytes} bytes, and each of {self.budget.threads} thread(s) holds a block of rows and "
+                f"the page cache's folios at its edges ({edge_bytes(used) >> 20} MiB)")
         return CSRData(arrays["indptr"], arrays["indices"], arrays["values"], arrays["labels"], arrays["weights"],
                        n_features, arrays["vpos"], chunk_rows=int(max(chunk_rows, 1)), release=mapped.release)
 
