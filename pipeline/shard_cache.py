@@ -19,9 +19,9 @@ reads (a resume restart reads the shard again, into new files). :meth:`DiskSink.
 files (``np.memmap``, shared and writable: L-BFGS renumbers ``indices`` in place, and the writes
 go to the task's own file) and returns them as a :class:`~solvers.data.CSRData` whose ``release``
 drops a range of rows from the process's memory (``madvise(MADV_DONTNEED)`` on the pages of
-every array the rows use, page-aligned outwards; the mappings use small pages, as a huge page
-would map 2 MiB of the page cache around a block's edges) and whose ``chunk_rows`` is the number of rows
-that fit the budget: a thread's share ``budget_bytes / threads``, less what a block may map
+every array the rows use, widened to whole page-cache folios; the exceptions' two arrays whole,
+as a block's first row finds its first exception by bisection over them) and whose
+``chunk_rows`` is the number of rows that fit the budget: a thread's share ``budget_bytes / threads``, less what a block may map
 beyond its rows (a fault maps the whole page-cache folio holding the page, up to 2 MiB with
 Linux's large folios: one per edge of each array, :func:`edge_bytes`), over the largest row's
 bytes (8 for indptr, 8 for its label and weight, 4 per non-zero, plus 4 per non-zero for dense
@@ -36,10 +36,11 @@ model trained from the cache is the in-memory model bit for bit.
 
 Budget: besides one block of rows per thread, a whole column is mapped for a moment where a sum
 must not depend on chunking (Σ weights, 4 bytes per row; the all-zero model's loss, labels and
-weights, 8 bytes per row), and L-BFGS's coarse preconditioner reads a fixed sample of rows in
-one call. CoCoA is not bounded: its local solver densifies the values and renumbers the indices
-into memory, and its epochs visit rows in random order; it works from the cache, with the same
-model, but its resident set grows to the shard's size. A shuffled online pass
+weights, 8 bytes per row), and L-BFGS's coarse preconditioner, which must see its sample of
+rows in one kernel call, gathers it into memory first (``solvers.shard.Shard.sampled``: about
+2^15 rows, at most 2^16). CoCoA is not bounded: its local solver densifies the values and
+renumbers the indices into memory, and its epochs visit rows in random order; it works from the
+cache, with the same model, but its resident set grows to the shard's size. A shuffled online pass
 (``train.shuffle``) is refused: it reads rows at random.
 
 Cleanup (:class:`ShardCache`): the task's directory is removed when the task ends, whether it
@@ -122,11 +123,11 @@ def budget_error(budget_mb: int, threads: int, mode: str, note: str = "") -> Con
                        f"{edge_bytes(MAX_ARRAYS) >> 20} MiB){note}")
 
 
-def _page_span(start: int, stop: int, size: int) -> tuple[int, int]:
-    """[start, stop) bytes widened outwards to whole pages, clipped to ``size``."""
-    page = mmap.PAGESIZE
-    lo = start // page * page
-    hi = min(-(-stop // page) * page, size)
+def _folio_span(start: int, stop: int, size: int) -> tuple[int, int]:
+    """[start, stop) bytes widened outwards to whole folios (:data:`FOLIO_BYTES`: every folio a
+    fault in the range may have mapped whole), clipped to ``size``."""
+    lo = start // FOLIO_BYTES * FOLIO_BYTES
+    hi = min(-(-stop // FOLIO_BYTES) * FOLIO_BYTES, size)
     return lo, hi
 
 
@@ -136,22 +137,20 @@ class _Mapped:
     def __init__(self, arrays: dict[str, np.ndarray]):
         self.arrays = arrays
         self._maps = {k: a._mmap for k, a in arrays.items() if isinstance(a, np.memmap) and a._mmap is not None}
-        for m in self._maps.values():  # small pages: a huge one would map 2 MiB around a block's edges
-            if hasattr(mmap, "MADV_NOHUGEPAGE"):
-                m.madvise(mmap.MADV_NOHUGEPAGE)
 
     def _drop(self, name: str, first: int, last: int) -> None:
         m = self._maps.get(name)
         if m is None or last <= first:
             return
         item = self.arrays[name].itemsize
-        lo, hi = _page_span(first * item, last * item, len(m))
+        lo, hi = _folio_span(first * item, last * item, len(m))
         if lo < hi:
             m.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def release(self, a: int, b: int) -> None:
-        """Drop rows a..b-1 (every array's entries they use) from the resident set; all rows
-        when the range covers the shard."""
+        """Drop rows a..b-1 (every array's entries they use, widened to whole folios) from the
+        resident set; all rows when the range covers the shard. The exceptions' arrays go whole:
+        a bisection over them (a block's first row) touches folios far from the block's."""
         ip = self.arrays["indptr"]
         n = ip.shape[0] - 1
         if a <= 0 and b >= n:
@@ -165,11 +164,9 @@ class _Mapped:
         self._drop("labels", a, b)
         self._drop("weights", a, b)
         self._drop("indices", z0, z1)
-        vpos = self.arrays["vpos"]
-        if vpos.shape[0] > 0:
-            e0, e1 = (int(e) for e in np.searchsorted(vpos, [z0, z1]))
-            self._drop("vpos", e0, e1)
-            self._drop("values", e0, e1)
+        if self.arrays["vpos"].shape[0] > 0:
+            for name in ("vpos", "values"):
+                self._maps[name].madvise(mmap.MADV_DONTNEED)
         else:
             self._drop("values", z0, z1)
 

@@ -26,6 +26,7 @@ from terascale.solvers.active import ActiveFeatures
 from terascale.solvers.kernels import coarse as KC
 from terascale.solvers.kernels import objective as K
 from terascale.solvers.kernels.features import load_column, number_by_first_use, store_column
+from terascale.solvers.kernels.sampling import SAMPLE_RUN
 from terascale.solvers.shard import Shard
 
 
@@ -117,10 +118,13 @@ class LocalTable:
             load_column(theta, self.compact_of, t, 0)
             self._current, self._theta = t, theta
         local_group = group[self.compact_of]
-        used, status, row = 0.0, KC.OK, -1
-        for a, b in s.chunks(0, s.n_rows, max(s.n_rows, 1)):  # one call (its sums are per call): the sampled rows
-            used, status, row = KC.coarse_rows(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, t,
-                                               local_group, n_groups, loss_id, a, b, stride, E)
+        rows, step = s, stride
+        if s.release is not None:  # a file-backed shard: its sample gathered into memory (Shard.sampled)
+            rows, step = s.sampled(stride), 1
+        used, status, row = KC.coarse_rows(rows.indptr, rows.indices, rows.values, rows.vpos, rows.labels,
+                                           rows.weights, t, local_group, n_groups, loss_id, 0, rows.n_rows, step, E)
+        if step != stride and status != KC.OK:  # the gathered row's number in the shard
+            row = row // SAMPLE_RUN * stride * SAMPLE_RUN + row % SAMPLE_RUN
         if status != KC.OK:
             return f"rank-local non-finite margin at row {row}"
         if used > 0.0:

@@ -23,6 +23,7 @@ import numpy as np
 from terascale.solvers.catalogue import loss_spec
 from terascale.solvers.data import CSRData
 from terascale.solvers.errors import InvalidInputError, NonFiniteInputError
+from terascale.solvers.kernels.sampling import SAMPLE_RUN
 
 _MAX_FEATURES = 2**31 - 1  # indices are int32
 #: Rows per kernel call of a pass (:meth:`Shard.chunks`); progress heartbeats come between calls.
@@ -114,6 +115,42 @@ class Shard:
             vpos, values = vpos[e0:e1], values[e0:e1]
         return Shard(self.indptr[a : b + 1], self.indices, values, self.labels[a:b], self.weights[a:b],
                      self.n_features, vpos)
+
+    def sampled(self, stride: int) -> Shard:
+        """The rows of every ``stride``-th run of :data:`~solvers.kernels.sampling.SAMPLE_RUN`
+        rows (those ``next_sampled`` picks), copied into memory in order, a run at a time (each
+        released after it): for a kernel that must see a sample of a file-backed shard in one
+        call (its sums are per call), which then walks these rows with stride 1, the same rows
+        in the same order, so the same bits. A sample spread over the shard would otherwise map
+        most of it, a page-cache folio (up to 2 MiB) around each run."""
+        n, step = self.n_rows, SAMPLE_RUN * max(stride, 1)
+        spans = [(r, min(r + SAMPLE_RUN, n)) for r in range(0, n, step)]
+        exc, dense = self.vpos.shape[0] > 0, not self.binary and self.vpos.shape[0] == 0
+        lens, idx, vals, vpos, labels, weights = [], [], [], [], [], []
+        z = 0
+        for a, b in spans:
+            z0, z1 = int(self.indptr[a]), int(self.indptr[b])
+            lens.append(np.diff(self.indptr[a : b + 1]))
+            idx.append(np.array(self.indices[z0:z1]))
+            if dense:
+                vals.append(np.array(self.values[z0:z1]))
+            elif exc:
+                e0, e1 = np.searchsorted(self.vpos, [z0, z1])
+                vpos.append(self.vpos[e0:e1] - z0 + z)
+                vals.append(np.array(self.values[e0:e1]))
+            labels.append(np.array(self.labels[a:b]))
+            weights.append(np.array(self.weights[a:b]))
+            z += z1 - z0
+            if self.release is not None:
+                self.release(a, b)
+        indptr = np.zeros(sum(x.shape[0] for x in lens) + 1, np.int64)
+        np.cumsum(np.concatenate(lens) if lens else np.zeros(0, np.int64), out=indptr[1:])
+
+        def cat(parts: list, dtype) -> np.ndarray:
+            return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+        return Shard(indptr, cat(idx, np.int32), cat(vals, np.float32), cat(labels, np.float32),
+                     cat(weights, np.float32), self.n_features, cat(vpos, np.int64))
 
     def weight_sum(self) -> float:
         """Σ importance weights (float64, numpy's pairwise sum over the whole column: the same

@@ -202,3 +202,26 @@ def test_the_shards_resident_bytes_stay_within_the_budget_over_whole_passes(tmp_
     # the whole run: the budget, the 8 B-per-row columns summed whole (16 MB), the model state
     # of 2^14 features and the kernels' temporaries; not the shard's 160 MB
     assert r["grew"] < budget + 8 * 2_000_000 + (16 << 20) < 0.45 * r["shard_bytes"]
+
+
+def test_the_coarse_preconditioners_sample_is_gathered_with_the_same_bits(tmp_path):
+    """L-BFGS's coarse matrix sums a sample of runs spread over the shard in one kernel call; from
+    the cache those rows are gathered into memory first (Shard.sampled), with the same bits.
+    140k rows: the sample takes every 4th run of 512 rows."""
+    rng = np.random.default_rng(81)
+    n, d = 140_000, 60
+    per = rng.integers(1, 6, n)
+    indptr = np.concatenate([[0], np.cumsum(per)]).astype(np.int64)
+    indices = np.concatenate([np.sort(rng.choice(d, k, replace=False)) for k in per]).astype(np.int32)
+    values = np.where(rng.random(indices.size) < 0.05, 3.0, 1.0).astype(np.float32)
+    labels = (rng.random(n) < 0.3).astype(np.float32)
+    data = CSRData(indptr, indices, values, labels, np.ones(n, np.float32), d)
+    groups = (np.arange(d) % 7).astype(np.uint8)
+    groups[::11] = 255  # no group
+    mem, disk = _twins(data, tmp_path, "0-0", rows_per_chunk=9000)
+    assert mem.vpos.size > 0
+    params = SolverParams(solver="lbfgs", passes=4, l2=1e-4, early_stop_passes=0)
+    want = train_local(mem, params, groups=groups, consume_data=True)
+    got = train_local(disk, params, groups=groups, consume_data=True)
+    assert want.history[0]["coarse_groups"] == 7
+    _same(got, want)
