@@ -28,7 +28,9 @@ bytes (8 for indptr, 8 for its label and weight, 4 per non-zero, plus 4 per non-
 values or 12 per exception).
 Every pass walks the shard through ``solvers.shard.Shard.chunks``, which releases each range
 after it, so a pass holds one block of rows per thread: the pages stay in the page cache (a
-warm pass reads memory, not the disk), but not in the process's resident set.
+warm pass reads memory, not the disk), but not in the process's resident set. Releasing a
+block also starts the kernel's readahead of the next two (``MADV_WILLNEED``), so a pass from a
+cold page cache reads the disk while it computes.
 
 The arrays hold the numbers :class:`~pipeline.shard_sink.MemorySink` would hold, in the same order
 and the same value layout (the same rule picks it), so every kernel sees the same values and a
@@ -134,18 +136,43 @@ def _folio_span(start: int, stop: int, size: int) -> tuple[int, int]:
 class _Mapped:
     """The mapped arrays of one split and the release of rows from the process's memory."""
 
-    def __init__(self, arrays: dict[str, np.ndarray]):
+    def __init__(self, arrays: dict[str, np.ndarray], indptr_path: str):
         self.arrays = arrays
         self._maps = {k: a._mmap for k, a in arrays.items() if isinstance(a, np.memmap) and a._mmap is not None}
+        self._indptr_path = indptr_path
 
-    def _drop(self, name: str, first: int, last: int) -> None:
+    def _advise(self, name: str, first: int, last: int, advice: int) -> None:
         m = self._maps.get(name)
         if m is None or last <= first:
             return
         item = self.arrays[name].itemsize
         lo, hi = _folio_span(first * item, last * item, len(m))
         if lo < hi:
-            m.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            m.madvise(advice, lo, hi - lo)
+
+    def _drop(self, name: str, first: int, last: int) -> None:
+        self._advise(name, first, last, mmap.MADV_DONTNEED)
+
+    def _prefetch(self, a: int, b: int) -> None:
+        """Start reading rows a..b-1 into the page cache (``MADV_WILLNEED``: the kernel's
+        readahead, asynchronous; nothing is mapped). Their positions come from the file with
+        ``pread``, not the mapping, so no folio of indptr is mapped ahead of its block."""
+        n = self.arrays["indptr"].shape[0] - 1
+        b = min(b, n)
+        if b <= a:
+            return
+        try:
+            fd = os.open(self._indptr_path, os.O_RDONLY)
+            try:
+                z0, z1 = (int(np.frombuffer(os.pread(fd, 8, 8 * r), np.int64)[0]) for r in (a, b))
+            finally:
+                os.close(fd)
+        except (OSError, IndexError):  # advice only: a file already removed (an earlier read's)
+            return
+        for name, lo, hi in (("indptr", a, b + 1), ("labels", a, b), ("weights", a, b), ("indices", z0, z1)):
+            self._advise(name, lo, hi, mmap.MADV_WILLNEED)
+        if self.arrays["vpos"].shape[0] == 0:
+            self._advise("values", z0, z1, mmap.MADV_WILLNEED)
 
     def release(self, a: int, b: int) -> None:
         """Drop rows a..b-1 (every array's entries they use, widened to whole folios) from the
@@ -169,6 +196,7 @@ class _Mapped:
                 self._maps[name].madvise(mmap.MADV_DONTNEED)
         else:
             self._drop("values", z0, z1)
+        self._prefetch(b, b + 2 * (b - a))  # the next two blocks of a pass, from a cold page cache
 
 
 def _map(path: str, dtype, count: int) -> np.ndarray:
@@ -268,7 +296,7 @@ class DiskSink:
         counts = {"indptr": self.r + 1, "indices": self.z, "labels": self.r, "weights": self.r,
                   "vpos": n_vpos, "values": n_values}
         arrays = {k: _map(self._path(k), _DTYPES[k], counts[k]) for k in _ARRAYS}
-        mapped = _Mapped(arrays)
+        mapped = _Mapped(arrays, self._path("indptr"))
         used = 4 + (n_values > 0) + (n_vpos > 0)
         chunk_rows = self.budget.block_bytes(used) // row_bytes
         if self.r and chunk_rows < 1:

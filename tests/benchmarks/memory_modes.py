@@ -11,7 +11,8 @@ a. passes over one rank's shard (shard 0 of a 2-worker plan) in this process: th
    ``sync; echo 3 > /proc/sys/vm/drop_caches`` (root only; skipped with the reason otherwise),
    one gradient pass from a cold cache, as MB/s of the shard's bytes, beside the disk's
    sequential read rate (a plain ``read`` of a 1 GiB file in 8 MiB blocks after dropping the
-   caches) measured in the same way;
+   caches) and the warm pass's rate (a pass that computes slower than the disk reads is
+   compute-bound from a cold cache as well);
 b. the train job through the command line (``terascale train``, a fresh application each,
    local[2], 2 workers, the hybrid solver), memory and disk mode (``train.memory_budget_mb``)
    interleaved ``job_repeats`` times: from each model's metadata.json every rank's peak RSS and
@@ -209,6 +210,8 @@ def measure(dataset_dir: str, workdir: str, budget_mb: int = 64, repeats: int = 
     cold = fig["passes"]["cold_gradient_pass"].get("mb_per_s")
     seq = fig["disk_sequential_read"].get("mb_per_s")
     fig["passes"]["cold_over_sequential_read"] = cold / seq if cold and seq else None
+    # a pass is compute-bound once the disk keeps up: the cold rate against the warm one too
+    fig["passes"]["cold_over_warm"] = cold / fig["passes"]["gradient_disk_warm_mb_per_s"] if cold else None
     jobs: dict[str, list[dict]] = {"memory": [], "disk": []}
     models: dict[str, list[str]] = {"memory": [], "disk": []}
     for i in range(job_repeats):
@@ -249,7 +252,8 @@ def _print(fig: dict) -> None:
               f"{p[f'{kind}_disk_warm_mb_per_s']:.0f} MB/s: disk/memory time {p[f'{kind}_warm_ratio_disk_over_memory']:.2f}")
     cold = p["cold_gradient_pass"]
     print(f"cold gradient pass: {cold.get('mb_per_s') or cold.get('why')} MB/s; disk sequential read "
-          f"{seq.get('mb_per_s') or seq.get('why')} MB/s; ratio {p.get('cold_over_sequential_read')}")
+          f"{seq.get('mb_per_s') or seq.get('why')} MB/s; ratio {p.get('cold_over_sequential_read')}; "
+          f"cold / warm {p.get('cold_over_warm')}")
     print(f"train job: same bits {s['same_model_bit_for_bit']}, same objective {s['same_objective']}; peak RSS saved / "
           f"shard bytes per rank {s['per_rank_saved_over_shard']} (target >= 0.7: {s['rss_target_met']}); later passes "
           f"{s['later_pass_s']} s: disk/memory {s['later_pass_ratio_disk_over_memory']:.2f} (target <= 1.3: "
