@@ -22,6 +22,7 @@ import yaml
 from terascale.allreduce.ciphers import CIPHERS, DEFAULT_CIPHER
 from terascale.pipeline.redact import redact, shown
 from terascale.pipeline.sampling import CALIBRATIONS
+from terascale.pipeline.shard_cache import budget_error, minimum_budget_mb
 from terascale.pipeline.spec import MAX_BITS
 from terascale.solvers.catalogue import PARAMS as SOLVER_PARAMS
 from terascale.solvers.constraints import (  # noqa: F401 - ConfigError and the constraint types are this module's API too
@@ -165,6 +166,24 @@ class _TrainJobTail:
         "settings: spark.executor.pyspark.memory / executor cores, else on YARN and Kubernetes "
         "spark.executor.memoryOverhead / executor cores, in local mode the machine's memory / (workers + spares); "
         "elsewhere unknown (the preflight then only logs its estimate)", Interval(0, None, integer=True))
+    data_cache: str = param(
+        "memory", "where a rank keeps its shard: memory (numpy arrays); disk (the local shard cache, "
+        "pipeline/shard_cache.py: written once, in the kernels' layout, into the executor's local directories, "
+        "and streamed every pass in blocks, so the shard's bytes in memory stay within train.memory_budget_mb; "
+        "the same model bit for bit; not with train.shuffle; CoCoA works from it but is not bounded); auto = disk "
+        "when the largest shard does not fit the budget, memory when it does or the budget is unknown. The "
+        "default is memory: with the budget unknown (standalone clusters) auto would always mean memory anyway",
+        OneOf(("memory", "disk", "auto")))
+    memory_budget_mb: int = param(
+        0, "per rank, the shard's bytes it may hold in memory at once with train.data_cache = disk (and what auto "
+        f"compares the shard with); at least {minimum_budget_mb(1)} MiB per thread (train.threads): a block of "
+        "rows and the page cache's folios at its edges; 0 = what the "
+        "rank's memory (train.rank_memory_mb, else the Spark settings, as the preflight finds it) leaves after the "
+        "rest of its estimated peak", Interval(0, None, integer=True))
+    cache_dir: str = param(
+        "", "the local directory of the shard cache (one per executor machine); '' = the executor's local "
+        "directories (SPARK_LOCAL_DIRS, YARN's LOCAL_DIRS), in local mode spark.local.dir, else the system's "
+        "temporary directory", Pattern(nonempty=False))
     progress: str = param("auto", "driver console progress (pass, rows, objective, ETA): auto = a bar on a terminal, log lines otherwise", OneOf(("auto", "bar", "log")))
     inject: InjectConf = section(InjectConf, "fault injection for tests and chaos drills; off by default")
 
@@ -364,6 +383,13 @@ def _cross_checks(cfg: Config) -> None:
             raise ConfigError("spark.conf: must be a mapping of setting -> value, not a list "
                               "(YAML: spark: {conf: {spark.executor.memory: 4g}})")
     solver_params(cfg.train)  # the solver's own cross-checks (the catalogue's SolverSpec.check)
+    t = cfg.train
+    if t.data_cache == "disk" and t.shuffle:
+        raise ConfigError("train.shuffle = true: needs train.data_cache = 'memory' or 'auto' (got 'disk'): a shuffled "
+                          "online pass reads rows at random, which a shard streamed from the local cache cannot "
+                          "bound in memory; set train.shuffle=false or train.data_cache=memory")
+    if t.data_cache != "memory" and 0 < t.memory_budget_mb < minimum_budget_mb(t.threads):
+        raise budget_error(t.memory_budget_mb, t.threads, t.data_cache)
     if cfg.train.inject.slow_shard >= cfg.train.workers:
         raise ConfigError(
             f"train.inject.slow_shard = {cfg.train.inject.slow_shard}: must be -1 or a shard in [0, {cfg.train.workers - 1}]"

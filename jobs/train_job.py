@@ -21,7 +21,7 @@ from terascale.jobs.config import Config, ConfigError, solver_params, to_dict
 from terascale.jobs.progress import ProgressMonitor
 from terascale.jobs.run_checkpoints import RunCheckpoints
 from terascale.jobs.train_task import Inject, TaskSpec, run_train_task
-from terascale.pipeline import artifacts, fsutil, modeldir
+from terascale.pipeline import artifacts, fsutil, modeldir, shard_cache
 from terascale.pipeline.dataset import plan_shards
 from terascale.pipeline.manifest import MANIFEST, DatasetError, read_manifest
 from terascale.pipeline.pointer import resolve_model, served_by
@@ -117,9 +117,10 @@ def _fenced(ckpt: str, attach):
     return on_attempt
 
 
-def _memory_preflight(spark, cfg: Config, manifest: dict, shards, bits: int, warm_start: bool) -> dict:
+def _memory_preflight(spark, cfg: Config, manifest: dict, shards, bits: int, warm_start: bool) -> tuple[dict, dict]:
     """The per-rank memory estimate of the largest shard against what a rank may use
-    (``jobs.preflight``); raises PreflightError when it does not fit and train.preflight=fail."""
+    (``jobs.preflight``); raises PreflightError when it does not fit and train.preflight=fail.
+    Also resolves train.data_cache (:func:`_data_cache`): (the estimate, the cache decision)."""
     t = cfg.train
     sizes = preflight.shard_sizes(shards, manifest)
     biggest = max(sizes, key=lambda s: 16 * s.rows + 8 * s.nnz)
@@ -128,13 +129,29 @@ def _memory_preflight(spark, cfg: Config, manifest: dict, shards, bits: int, war
     sc = spark.sparkContext
     est.available, est.source = preflight.available(dict(sc.getConf().getAll()), sc.master, t.workers + t.spares,
                                                     t.rank_memory_mb)
+    cache = _data_cache(t, est, sc.getConf().get("spark.local.dir", "") or "")
     warning = preflight.check(est, t.preflight, t.workers, bits)
     if warning:
         log.warning("%s", warning)
     else:
         log.info("memory preflight: a rank needs about %.0f MiB (%s peak), may use %s (%s)", est.needed / 2**20,
                  est.phase, "?" if est.available is None else f"{est.available / 2**20:.0f} MiB", est.source)
-    return est.to_json()
+    return est.to_json(), cache
+
+
+def _data_cache(t, est, spark_local_dir: str) -> dict:
+    """train.data_cache resolved on the driver (``pipeline.shard_cache.choose``) from the largest
+    shard's CSR bytes and the rest of the estimate; with disk, the estimate's shard term becomes
+    the budget (a pass holds that much of it). {mode, budget_bytes, why, spark_local_dir}."""
+    csr = est.terms.get("shard CSR", 0)
+    mode, budget, why = shard_cache.choose(t.data_cache, t.memory_budget_mb, t.threads, t.shuffle, csr,
+                                           est.available, est.source, est.needed - csr)
+    if mode == "disk" and "shard CSR" in est.terms:
+        del est.terms["shard CSR"]
+        est.terms["shard blocks in memory (train.data_cache = disk)"] = min(csr, budget)
+        est.needed = sum(est.terms.values())
+    log.info("shard cache: %s", why)
+    return {"mode": mode, "budget_bytes": budget, "why": why, "spark_local_dir": spark_local_dir}
 
 
 def negative_sampling(manifest: dict) -> dict:
@@ -166,7 +183,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
             raise modeldir.ModelError(f"train.init_model {t.init_model}: its feature spec differs from the data's ({detail})")
     params = solver_params(cfg.train)
     shards = plan_shards(data_dir, t.workers, manifest)
-    memory = _memory_preflight(spark, cfg, manifest, shards, int(spec["bits"]), bool(init_model))
+    memory, cache = _memory_preflight(spark, cfg, manifest, shards, int(spec["bits"]), bool(init_model))
     ckpt = checkpoint_dir(cfg, model_dir)
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     run_ckpt = RunCheckpoints(ckpt, run_id)  # this run's subdirectory (jobs.run_checkpoints)
@@ -178,6 +195,8 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
         staging_dir=staging,
         inject=Inject(**dataclasses.asdict(t.inject)), init_weights=init_model,
         groups_path=_groups_path(data_dir, manifest, params),
+        cache=shard_cache.CacheSpec(cache["mode"], cache["budget_bytes"], t.threads, t.memory_budget_mb, t.cache_dir,
+                                    cache["spark_local_dir"], run_id),
     )
     log.info("train: %s solver, %d workers + %d spares, %d rows in %d files, 2^%d features",
              params.solver, t.workers, t.spares, manifest["rows"], len(manifest["files"]), spec["bits"])
@@ -197,7 +216,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     rank0 = next(r for r in res.results if r["rank"] == 0)
     per_rank = [{k: r[k] for k in ("rank", "shard", "attempt_id", "spare", "rows", "nnz", "holdout_rows",
                                    "csr_bytes", "read_s", "warm_wait_s", "seconds", "resumed_from_pass", "peak_rss_bytes",
-                                   "numpy_madvise_hugepage", "memory")}
+                                   "numpy_madvise_hugepage", "memory", "data_cache")}
                 for r in res.results]
     metadata = {
         "spec": spec,
@@ -210,6 +229,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
         "data": {"dataset": fsutil.normalize(data_dir), "rows": manifest["rows"], **rank0["totals"],
                  **negative_sampling(manifest)},
         "memory_estimate": memory,
+        "data_cache": {k: cache[k] for k in ("mode", "budget_bytes", "why")},
         "attempts": res.attempts,
         "tasks": [{k: v for k, v in x.items() if k != "result"} for x in res.tasks],
         "train_seconds": time.perf_counter() - t0,

@@ -26,6 +26,7 @@ from terascale.jobs.resume import ResumeAgreement, ResumeRestart
 from terascale.pipeline import fsutil, modeldir
 from terascale.pipeline.dataset import ShardPart, read_shard
 from terascale.pipeline.groups import load_map
+from terascale.pipeline.shard_cache import CacheSpec, ShardCache
 from terascale.solvers.api import train
 from terascale.solvers.catalogue import solver_spec
 from terascale.solvers.params import SolverParams
@@ -103,6 +104,7 @@ class TaskSpec:
     inject: Inject
     init_weights: str = ""  # a model directory to warm-start from ("" = none)
     groups_path: str = ""  # the dataset's group map, for L-BFGS's coarse correction ("" = none)
+    cache: CacheSpec = CacheSpec()  # where the shard lives: memory, or the local shard cache (disk)
 
 
 def _progress_hook(ctx, spec: TaskSpec):
@@ -122,22 +124,40 @@ def _progress_hook(ctx, spec: TaskSpec):
     return progress
 
 
-def _read(spec: TaskSpec, ctx):
+def _read(spec: TaskSpec, ctx, cache: ShardCache | None = None):
     """(training rows, held-out rows or None, bytes of the shard as read). The held-out rows are
-    split off while the shard is read (``pipeline.dataset.read_shard``), so a rank holds one CSR."""
+    split off while the shard is read (``pipeline.dataset.read_shard``), so a rank holds one CSR;
+    with a ``cache`` (train.data_cache = disk) into its files, mapped (``pipeline.shard_cache``)."""
     parts = list(spec.shards[ctx.shard])
-    train_data, holdout = read_shard(parts, spec.n_features, spec.holdout_period, spec.params.seed)
+    factory = None
+    if cache is not None:
+        cache.check_space(sum(16 * p.rows + 8 * p.nnz_estimate for p in parts))
+        factory = cache.sink_factory()
+    train_data, holdout = read_shard(parts, spec.n_features, spec.holdout_period, spec.params.seed,
+                                     sink_factory=factory)
     if holdout is None or train_data.n_rows + holdout.n_rows == 0:
         return train_data, None, train_data.nbytes
     return train_data, holdout, train_data.nbytes + holdout.nbytes
 
 
 def run_train_task(ctx, spec: TaskSpec) -> dict:
+    """The task (module docstring); with train.data_cache = disk inside its shard cache directory,
+    which it removes when it ends, failed or not (and the run's earlier attempts' on the way in)."""
+    if spec.cache.mode != "disk":
+        return _train(ctx, spec, None)
+    cache = ShardCache(spec.cache, ctx.shard, ctx.attempt, ctx.attempt_id).open()
+    try:
+        return _train(ctx, spec, cache)
+    finally:
+        cache.close()
+
+
+def _train(ctx, spec: TaskSpec, cache: ShardCache | None) -> dict:
     t0 = time.perf_counter()
     probe = MemoryProbe()  # the process baseline: before the warm-up and the shard
     # load the solver's compiled kernels while pyarrow reads the shard (solvers.warmup)
     warming = start_warm_up(spec.params, spec.holdout_period, bool(spec.groups_path))
-    train_data, holdout, csr_bytes = _read(spec, ctx)
+    train_data, holdout, csr_bytes = _read(spec, ctx, cache)
     read_s = time.perf_counter() - t0
     if warming is not None:
         warming.join()
@@ -207,7 +227,7 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
             del train_data, holdout, resume
             resume = _load_pass(spec, ctx.shard, ctx.attempt, r.pass_no)
             resumed_from = r.pass_no
-            train_data, holdout, _ = _read(spec, ctx)
+            train_data, holdout, _ = _read(spec, ctx, cache)
             result = fit(resume)
         counts = comm.allreduce_scalars([train_data.n_rows, train_data.nnz,
                                          0 if holdout is None else holdout.n_rows, float(csr_bytes)])
@@ -217,6 +237,8 @@ def run_train_task(ctx, spec: TaskSpec) -> dict:
         "csr_bytes": csr_bytes, "read_s": read_s, "warm_wait_s": warm_wait_s, "seconds": time.perf_counter() - t0,
         "resumed_from_pass": resumed_from,
         "numpy_madvise_hugepage": os.environ.get("NUMPY_MADVISE_HUGEPAGE"),  # jobs.session.EXECUTOR_ENV
+        "data_cache": {"mode": spec.cache.mode, **({} if cache is None else {
+            "chunk_rows": int(train_data.chunk_rows), "stale_removed": len(cache.stale_removed)})},
     }
     if comm.rank == 0:
         modeldir.write_weights(spec.staging_dir, result.weights)

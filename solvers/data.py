@@ -7,6 +7,7 @@ the arrays, never this object.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +28,11 @@ class CSRData:
     #: int64 ascending positions (into ``indices``) of the values ≠ 1 when ``values`` holds only
     #: those; empty otherwise (the layouts: :mod:`solvers.kernels.values`)
     vpos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: arrays backed by files (the local shard cache, ``pipeline.shard_cache``): a pass walks at
+    #: most ``chunk_rows`` rows at a time (0: no limit of its own) and ``release(a, b)`` drops
+    #: rows a..b-1 from this process's memory after it (``solvers.shard.Shard.chunks``)
+    chunk_rows: int = field(default=0, compare=False)
+    release: Callable[[int, int], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         n = self.labels.shape[0]

@@ -34,6 +34,7 @@ from terascale.solvers.active import ActiveFeatures
 from terascale.solvers.kernels import coarse as KC
 from terascale.solvers.kernels import objective as K
 from terascale.solvers.kernels.features import load_column, number_by_first_use, store_column
+from terascale.solvers.kernels.sampling import SAMPLE_RUN
 from terascale.solvers.shard import Shard
 from terascale.solvers.threads import SERIAL, RowThreads
 
@@ -48,7 +49,10 @@ class LocalTable:
         are then this table's, no longer feature ids."""
         slot = np.full(shard.n_features, -1, dtype=np.int32)  # by feature id
         indices = shard.indices if in_place else np.empty(shard.indices.shape, dtype=np.int32)
-        n_slots = number_by_first_use(shard.indices, slot, indices, 0)
+        n_slots = 0
+        for a, b in shard.chunks():  # the numbering carries over from range to range
+            z0, z1 = shard.indptr[a], shard.indptr[b]
+            n_slots = number_by_first_use(shard.indices[z0:z1], slot, indices[z0:z1], n_slots)
         used = np.flatnonzero(slot >= 0)
         self.ids = np.empty(n_slots, dtype=np.int64)
         self.ids[slot[used]] = used
@@ -159,19 +163,25 @@ class LocalTable:
             load_column(theta, self.compact_of, t, 0)
             self._current, self._theta = t, theta
         local_group = group[self.compact_of]
+        rows, step = s, stride
+        if s.release is not None:  # a file-backed shard: its sample gathered into memory (Shard.sampled)
+            rows, step = s.sampled(stride), 1
 
         def work(i: int, lo: int, hi: int, tick):
             mine = E if i == 0 else np.zeros_like(E)
             used, status, row = 0.0, KC.OK, -1
-            for a, b in s.chunks(lo, hi, rows=max(hi - lo, 1)):  # one call: its sums are per call
-                used, status, row = KC.coarse_rows(s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, t,
-                                                   local_group, n_groups, loss_id, a, b, stride, mine)
+            for a, b in rows.chunks(lo, hi, rows=max(hi - lo, 1)):  # one call: its sums are per call
+                used, status, row = KC.coarse_rows(rows.indptr, rows.indices, rows.values, rows.vpos, rows.labels,
+                                                   rows.weights, t, local_group, n_groups, loss_id, a, b, step, mine)
             return used, status, row, mine
 
-        parts = threads.run(work, threads.blocks(s.indptr))
+        parts = threads.run(work, threads.blocks(rows.indptr))
         bad = next((p for p in parts if p[1] != KC.OK), None)
         if bad is not None:
-            return f"rank-local non-finite margin at row {bad[2]}"
+            row = bad[2]
+            if step != stride:  # the gathered row's number in the shard
+                row = row // SAMPLE_RUN * stride * SAMPLE_RUN + row % SAMPLE_RUN
+            return f"rank-local non-finite margin at row {row}"
         used = parts[0][0]
         for p in parts[1:]:
             used += p[0]

@@ -62,6 +62,7 @@ class OnlineLearner:
         self.totals = np.zeros(2, dtype=np.float64)
         s = run.inputs.train
         self.zero_loss = zero_model_loss_sum(s.labels, s.weights, run.loss_id)
+        s.release_all()  # a file-backed shard: the two columns leave memory again
 
     def theta(self) -> np.ndarray:
         """Current weights as float64 [β, b]."""
@@ -75,7 +76,9 @@ class OnlineLearner:
         self.totals[:] = (saved["online_t"], saved["online_N"])
         if saved["pass"] > 0:
             shard = self.run.inputs.train
-            restore_normalizers(shard.indptr, shard.indices, shard.values, shard.vpos, shard.weights, self.table)
+            for a, b in shard.chunks():  # a maximum: the same whatever the ranges
+                part = shard.rows(a, b)
+                restore_normalizers(part.indptr, part.indices, part.values, part.vpos, part.weights, self.table)
         return self.theta()
 
     def _local_pass(self, pass_number: int) -> tuple[float, float, str | None]:
@@ -135,7 +138,9 @@ class OnlineLearner:
         if self.space is None:
             run = self.run
             marks = np.zeros(run.n_features, dtype=np.uint8)
-            mark_features(run.inputs.train.indices, marks)
+            s = run.inputs.train
+            for a, b in s.chunks():
+                mark_features(s.indices[s.indptr[a] : s.indptr[b]], marks)
             mark_state(self.table, marks)
             self.space = ActiveFeatures(agree_marks(run.comm, marks), run.n_features)
         return self.space

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from terascale.allreduce.communicator import Communicator
+from terascale.solvers.errors import InvalidInputError
 from terascale.solvers.objective import DistributedObjective
 from terascale.solvers.params import SolverParams
 from terascale.solvers.setup import Inputs
@@ -76,9 +77,14 @@ class TrainRun:
 
     def shuffle_order(self, pass_number: int) -> np.ndarray:
         """The example order of an online pass: empty (stored order) unless ``shuffle``; else a
-        permutation seeded by (seed, rank, pass), so a resumed run needs no RNG state."""
+        permutation seeded by (seed, rank, pass), so a resumed run needs no RNG state. A
+        file-backed shard (:attr:`~solvers.shard.Shard.release`) refuses a shuffled order."""
         if not self.params.shuffle:
             return np.zeros(0, dtype=np.int64)
+        if self.inputs.train.release is not None:  # every rank's shard is file-backed alike
+            raise InvalidInputError("train.shuffle = true: a shuffled pass reads rows at random, which a shard "
+                                    "streamed from the local cache (train.data_cache = disk) cannot bound in "
+                                    "memory; set train.shuffle=false or train.data_cache=memory")
         rng = np.random.default_rng([self.params.seed, self.comm.rank, pass_number])
         return rng.permutation(self.inputs.train.n_rows).astype(np.int64)
 

@@ -35,11 +35,12 @@ def row_start(values, vpos, a, b, cur):
     """(cur, mode) for the row with entries ``a..b-1``: mode PLAIN (x = 1, nothing to read),
     DENSE (x = values[k]) or EXCEPTIONS (read with :func:`value_at` from e = cur). ``cur`` is
     the cursor into ``vpos`` left by the previous row (0 at the start): rows in stored order
-    move it forward a step at a time, a row before it (a shuffled order) finds it by bisection."""
+    move it forward a step at a time, a row before it (a shuffled order) or the first row of a
+    call that starts past the first exception (a chunk of a pass) finds it by bisection."""
     ne = vpos.shape[0]
     if ne == 0:
         return 0, DENSE if values.shape[0] > 0 else PLAIN
-    if cur > 0 and vpos[cur - 1] >= a:
+    if (cur > 0 and vpos[cur - 1] >= a) or (cur == 0 and vpos[0] < a):  # a chunk's first row: no walk from 0
         cur = np.searchsorted(vpos, a)
     while cur < ne and vpos[cur] < a:
         cur += 1
