@@ -129,7 +129,9 @@ def test_a_train_job_records_prints_and_reports_each_ranks_memory(spark, dataset
         assert max(m["phase_peaks"].values()) == m["peak_rss_bytes"]  # the phases cover the task
         b = m["breakdown"]
         assert tuple(b) == CATEGORIES and b[PROCESS_BASELINE] == m["baseline_rss_bytes"]
-        assert b[SHARD] >= r["csr_bytes"] > 0 and b[MODEL_STATE] > 0 and b[BUFFERS] > 0
+        assert b[SHARD] >= r["csr_bytes"] > 0
+        if max(m["phase_peaks"], key=m["phase_peaks"].get) == "solver":  # the read phase holds no model yet
+            assert b[MODEL_STATE] > 0 and b[BUFFERS] > 0
         assert m["unaccounted_bytes"] == m["peak_rss_bytes"] - sum(b.values())
         assert sum(m["terms"].values()) == sum(b.values())
         # the L-BFGS phase's agreed active set, at most the 2^14 features
