@@ -78,3 +78,20 @@ def generated_logs(rows: int, files: int, seed: int) -> Path:
     if not (d / "_truth.json").exists():
         generate_clicklogs(d, rows, files=files, seed=seed, with_prob=True)
     return d
+
+
+def train_cli(dataset_dir: str, model_dir: str, sets: list[str], what: str) -> tuple[dict, float]:
+    """One ``terascale train --overwrite`` in a fresh application (the installed command beside
+    this interpreter): (the model's metadata.json, wall seconds); RuntimeError naming ``what``."""
+    import subprocess
+    from pathlib import Path as _Path
+
+    exe = _Path(sys.executable).with_name("terascale")
+    cli = [str(exe)] if exe.exists() else [sys.executable, "-m", "terascale.jobs.cli"]
+    t0 = time.perf_counter()
+    r = subprocess.run(cli + ["train", "--input", dataset_dir, "--model", model_dir, "--overwrite"]
+                       + [a for s in sets for a in ("--set", s)], capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise RuntimeError(f"terascale train ({what}) failed: {r.stderr[-3000:]}")
+    return json.loads((_Path(model_dir) / "metadata.json").read_text()), wall

@@ -33,14 +33,13 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from tests.benchmarks.common import ROOT
+from tests.benchmarks.common import train_cli
 
 MIB = 1 << 20
 JOB_SETTINGS = ["spark.master=local[2]", "train.workers=2", "train.l2=1e-6", "train.holdout_period=0",
@@ -159,22 +158,12 @@ def pass_rates(dataset_dir: str, workdir: Path, budget_mb: int, repeats: int = 3
         cache.close()
 
 
-def _cli() -> list[str]:
-    exe = Path(sys.executable).with_name("terascale")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "terascale.jobs.cli"]
-
 
 def train_job(dataset_dir: str, model_dir: str, mode: str, budget_mb: int, cache_dir: str) -> dict:
     """One ``terascale train`` run (part b): the figures from its metadata.json."""
     sets = [*JOB_SETTINGS, f"train.data_cache={mode}", f"train.memory_budget_mb={budget_mb}",
             f"train.cache_dir={cache_dir}"]
-    t0 = time.perf_counter()
-    r = subprocess.run(_cli() + ["train", "--input", dataset_dir, "--model", model_dir, "--overwrite"]
-                       + [a for s in sets for a in ("--set", s)], capture_output=True, text=True, cwd=ROOT)
-    wall = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise RuntimeError(f"terascale train ({mode}) failed: {r.stderr[-3000:]}")
-    meta = json.loads((Path(model_dir) / "metadata.json").read_text())
+    meta, wall = train_cli(dataset_dir, model_dir, sets, mode)
     elapsed = [e["elapsed_s"] for e in meta["history"]]
     per_pass = np.diff([0.0, *elapsed])
     ranks = sorted(meta["per_rank"], key=lambda p: p["shard"])
@@ -183,6 +172,7 @@ def train_job(dataset_dir: str, model_dir: str, mode: str, budget_mb: int, cache
         "passes": len(elapsed), "pass_1_s": float(per_pass[0]),
         "later_pass_median_s": float(np.median(per_pass[1:])) if len(per_pass) > 1 else None,
         "per_pass_s": per_pass.tolist(), "phases": [e["phase"] for e in meta["history"]],
+        "history": [{k: e.get(k) for k in ("pass", "phase", "objective", "elapsed_s")} for e in meta["history"]],
         "per_rank_peak_rss_bytes": [p["peak_rss_bytes"] for p in ranks],
         "per_rank_csr_bytes": [p["csr_bytes"] for p in ranks],
         "per_rank_read_s": [p["read_s"] for p in ranks],

@@ -27,14 +27,13 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from tests.benchmarks.common import ROOT
+from tests.benchmarks.common import train_cli
 
 LAMBDA = 1e-6
 JOB_SETTINGS = ["spark.master=local[2]", f"train.l2={LAMBDA}", "train.tol=1e-12", "train.holdout_period=0",
@@ -101,21 +100,11 @@ def online_pass_rates(dataset_dir: str, repeats: int = 4) -> dict:
     return out
 
 
-def _cli() -> list[str]:
-    exe = Path(sys.executable).with_name("terascale")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "terascale.jobs.cli"]
-
 
 def train_job(dataset_dir: str, model_dir: str, workers: int, threads: int, extra: list[str] = ()) -> dict:
     """One ``terascale train`` run (part b): the figures from its metadata.json."""
     sets = [*JOB_SETTINGS, f"train.workers={workers}", f"train.threads={threads}", *extra]
-    t0 = time.perf_counter()
-    r = subprocess.run(_cli() + ["train", "--input", dataset_dir, "--model", model_dir, "--overwrite"]
-                       + [a for s in sets for a in ("--set", s)], capture_output=True, text=True, cwd=ROOT)
-    wall = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise RuntimeError(f"terascale train ({workers} x {threads}) failed: {r.stderr[-3000:]}")
-    meta = json.loads((Path(model_dir) / "metadata.json").read_text())
+    meta, wall = train_cli(dataset_dir, model_dir, sets, f"{workers} x {threads}")
     peaks = [p["peak_rss_bytes"] for p in meta["per_rank"]]
     mem = [p.get("memory") or {} for p in meta["per_rank"]]
     state = [m.get("breakdown", {}).get("model_state") for m in mem]
