@@ -69,6 +69,7 @@ import numpy as np
 from terascale.solvers.constraints import ConfigError
 from terascale.solvers.data import CSRData
 from terascale.solvers.errors import InvalidInputError
+from terascale.solvers.kernels.values import dense_is_smaller, exceptions
 
 log = logging.getLogger("terascale.shard_cache")
 
@@ -236,10 +237,10 @@ class DiskSink:
         self._write("indices", indices)
         row_bytes = 4 * np.asarray(lengths, np.int64)
         if values is not None:
-            ex = np.flatnonzero(values != 1.0)
+            val, ex = exceptions(values)
             if ex.size:
-                self._write("vpos", ex.astype(np.int64) + self.z)
-                self._write("values", values[ex])
+                self._write("vpos", ex + self.z)
+                self._write("values", val)
                 self.ne += ex.size
                 row_bytes += 12 * np.bincount(np.searchsorted(ends, ex, side="right"), minlength=m)[:m]
         self._write("labels", labels)
@@ -282,7 +283,7 @@ class DiskSink:
         if self.r != self.rows:
             raise ValueError(f"DiskSink: {self.r} rows appended, {self.rows} planned")
         self._close_files()
-        dense = 3 * self.ne > self.z
+        dense = dense_is_smaller(self.ne, self.z)
         if dense:
             self._densify()
             n_values, n_vpos = self.z, 0

@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from terascale.solvers.data import CSRData
-from terascale.solvers.kernels.values import dense
+from terascale.solvers.kernels.values import dense, dense_is_smaller, exceptions
 
 
 class ShardSink(Protocol):
@@ -66,10 +66,10 @@ class MemorySink:
         self.indptr[r + 1 : r + m + 1] += z
         self.indices[z : z + span] = indices
         if values is not None:
-            ex = np.flatnonzero(values != 1.0)
+            val, ex = exceptions(values)
             if ex.size:
-                self.exc_pos.append(ex.astype(np.int64) + z)
-                self.exc_val.append(np.asarray(values[ex], np.float32))
+                self.exc_pos.append(ex + z)
+                self.exc_val.append(val)
         self.labels[r : r + m] = labels
         self.weights[r : r + m] = weights
         self.r, self.z = r + m, z + span
@@ -82,7 +82,7 @@ class MemorySink:
             raise ValueError(f"MemorySink: {r} rows appended, {self.labels.shape[0]} planned")
         vpos = np.concatenate(self.exc_pos) if self.exc_pos else np.zeros(0, np.int64)
         values = np.concatenate(self.exc_val) if self.exc_val else np.zeros(0, np.float32)
-        if 3 * vpos.shape[0] > z:
+        if dense_is_smaller(vpos.shape[0], z):
             values, vpos = dense(values, vpos, z), np.zeros(0, np.int64)
         return CSRData(self.indptr, self.indices[:z], values, self.labels, self.weights, n_features, vpos)
 

@@ -62,6 +62,12 @@ def exceptions(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(values[vpos], dtype=np.float32), vpos
 
 
+def dense_is_smaller(n_exceptions: int, nnz: int) -> bool:
+    """The layout rule of every sink: dense values (4 bytes per non-zero) once the exceptions
+    (12 bytes each: an int64 position and a float32 value) would take more."""
+    return 3 * n_exceptions > nnz
+
+
 def dense(values: np.ndarray, vpos: np.ndarray, nnz: int) -> np.ndarray:
     """The dense float32 values (length nnz) of any layout."""
     if vpos.shape[0] == 0 and values.shape[0] == nnz:
