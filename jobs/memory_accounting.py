@@ -24,8 +24,8 @@ features of the shard, m = ``lbfgs_memory``. Each term belongs to one category:
   feature, 12·(D+1); the weights as float64 (start, current and best) 24·(D+1); the active
   features' position map int32 4·D and presence marks 1·D, their ids 8·d; the averaging vector
   and its sum 16·(d+1); the returned float32 weights 4·D. L-BFGS: full-length float64 weights
-  (start, current, best) 24·(D+1); feature maps (active position, local slot) 8·D; the local
-  table (3 float64 + an int64 id per own feature) 32·(f+1); the returned float32 weights 4·D.
+  (current, and the best under early stopping; the start is dropped once compacted) 16·(D+1);
+  feature maps (active position, local slot) 8·D; the local table (3 float64 + an int64 id per own feature) 32·(f+1); the returned float32 weights 4·D.
   CoCoA: w, its update, u over all features and the round's AllReduce vector and sum 40·(D+1);
   dual variables, updates and messages 48·n; per thread replicas 16·threads·(f+1) and the local
   vectors 24·(f+1); feature counts 4·D; the returned weights 8·D.
@@ -192,7 +192,7 @@ def account(plan: Plan, s: Sizes, baseline: int) -> Accounting:
         f"L-BFGS pairs (2 x {plan.lbfgs_memory} float32 x active features)": (LBFGS_MEMORY, 8 * plan.lbfgs_memory * (d + 1)),
         "L-BFGS vectors (10 float64 x active features)": (LBFGS_MEMORY, 80 * (d + 1)),
         "gradient/Hessian AllReduce (32 B x active features)": (BUFFERS, 32 * (d + 1)),
-        "float64 weights, start, current and best (24 B x 2^bits)": (MODEL_STATE, 24 * (D + 1)),
+        "float64 weights, current and best (16 B x 2^bits)": (MODEL_STATE, 16 * (D + 1)),
         "feature maps (8 B x 2^bits)": (MODEL_STATE, 8 * D),
         "local table (32 B x shard features)": (MODEL_STATE, 32 * (f + 1)),
         **({f"per-thread accumulators ({plan.threads - 1} more threads)": (BUFFERS, (plan.threads - 1) * max(24 * (f + 1), 0 if "online" in spec.phases else 16 * (D + 1)))} if plan.threads > 1 else {}),

@@ -7,7 +7,7 @@ set without a collective of its own.
 
 from __future__ import annotations
 
-from terascale.solvers.lbfgs import lbfgs_from, lbfgs_resume
+from terascale.solvers.lbfgs import LBFGSPhase, lbfgs_resume
 from terascale.solvers.online import OnlineLearner, resumed_stop, run_online_phase
 from terascale.solvers.run import TrainResult, TrainRun
 
@@ -33,4 +33,6 @@ def train_hybrid(run: TrainRun) -> TrainResult:
         theta = learner.theta()
     space = learner.space  # the features averaged: a superset of L-BFGS's (solvers.lbfgs)
     del learner  # the online table is not needed by L-BFGS
-    return lbfgs_from(run, theta, space)
+    phase = LBFGSPhase.start(run, theta, space)
+    del theta  # the phase keeps θ over the active features only: the full-length start goes
+    return phase.run_until(run.params.passes)

@@ -283,7 +283,9 @@ def _preconditioner(run: TrainRun, space: ActiveFeatures, table: LocalTable, the
 
 
 def lbfgs_from(run: TrainRun, theta0: np.ndarray, space: ActiveFeatures | None = None) -> TrainResult:
-    return LBFGSPhase.start(run, theta0, space).run_until(run.params.passes)
+    phase = LBFGSPhase.start(run, theta0, space)
+    del theta0  # the phase keeps θ over the active features only: the full-length start goes
+    return phase.run_until(run.params.passes)
 
 
 def lbfgs_resume(run: TrainRun) -> TrainResult:

@@ -42,7 +42,7 @@ def test_estimate_exact_for_every_solver():
     chunk = 3 * (1 << 20)
 
     def lbfgs(d, f):
-        return 8 * 15 * (d + 1) + 80 * (d + 1) + 32 * (d + 1) + 24 * (D + 1) + 8 * D + 32 * (f + 1) + 4 * D + chunk
+        return 8 * 15 * (d + 1) + 80 * (d + 1) + 32 * (d + 1) + 16 * (D + 1) + 8 * D + 32 * (f + 1) + 4 * D + chunk
 
     online = 12 * (D + 1) + 24 * (D + 1) + 5 * D + 24 * (d + 1) + 4 * D + chunk
     cocoa = 40 * (D + 1) + 4 * z + 4 * z + 48 * n + 16 * 1 * (d + 1) + 24 * (d + 1) + 4 * D + 8 * D + chunk
