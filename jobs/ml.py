@@ -252,13 +252,13 @@ class TerascaleModel(Model, _OutputParams, MLReadable, MLWritable):
         ``overwrite``, anything else there is refused (``pipeline.artifacts``)."""
         staging = modeldir.staging_dir(path)
         try:
-            modeldir.write_weights(staging, self.weights)
+            weights = modeldir.write_weights(staging, self.weights)
             fsutil.makedirs(fsutil.join(staging, PARAMS_DIR))
             fs, inner = fsutil.resolve(fsutil.join(staging, PARAMS_DIR, "part-00000"))
             with fs.open_output_stream(inner) as f:
                 f.write(self._params_json().encode("utf-8") + b"\n")
             meta = {k: v for k, v in self.metadata.items() if k not in ("format_version", "terascale_version")}
-            modeldir.commit(staging, path, {**meta, "intercept": self.intercept}, overwrite=overwrite,
+            modeldir.commit(staging, path, {**meta, "intercept": self.intercept, "weights": weights}, overwrite=overwrite,
                             flag="model.write().overwrite()")
         finally:
             fsutil.delete(staging)

@@ -239,7 +239,10 @@ def _html(meta: dict, metrics: dict | None, images: dict[str, bytes]) -> str:
     t = meta["config"]["train"]
     d = meta["data"]
     summary = [
-        ("solver", f"{t['solver']} ({len(meta['per_rank'])} workers), loss {t['loss']}, l2 {t['l2']:g}"),
+        ("solver", f"{t['solver']} ({len(meta['per_rank'])} workers), loss {t['loss']}, l2 {t['l2']:g}"
+                   + (f", l1 {t['l1']:g}" if t.get("l1") else "")),
+        *([("weights", f"{w['nonzeros']:,} non-zero of {w['length']:,} (stored {w['storage']})")]
+          if (w := meta.get("weights")) else []),
         ("data", f"{d.get('train_rows', 0):,} training rows, {d.get('holdout_rows', 0):,} held out, 2^{meta['spec']['bits']} features"),
         ("passes", f"{len(meta['history'])} (stopped: {meta.get('stop_reason') or 'n/a'})"),
         ("training objective", f"{meta['objective']:.6f} at the returned weights"),
@@ -267,7 +270,8 @@ def _html(meta: dict, metrics: dict | None, images: dict[str, bytes]) -> str:
         parts += ["<h2>Evaluation</h2>", _table([
             ("dataset", str(metrics.get("dataset", ""))), ("rows", f"{metrics['rows']:,}"),
             ("logloss", f"{metrics['logloss']:.6f}"), ("normalized entropy", f"{metrics['normalized_entropy']:.6f}"),
-            ("auROC", f"{metrics['auroc']:.6f}"), ("auPRC", f"{metrics['auprc']:.6f}"),
+            ("auROC", f"{metrics['auroc']:.6f}"),
+            *([("non-zero weights", f"{metrics['nonzeros']:,} of {metrics['features']:,}")] if "nonzeros" in metrics else []), ("auPRC", f"{metrics['auprc']:.6f}"),
             ("calibration", f"{metrics['calibration']:.4f}"),
             *([("weighting", metrics["weighting"]["note"])] if "weighting" in metrics else []),
         ])]

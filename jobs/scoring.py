@@ -118,9 +118,13 @@ def evaluate(spark, data_dir: str, model_dir: str) -> dict:
         loss_sum, weight_sum = loss_sum + ls, weight_sum + ws
     out = total.finalize()
     l2 = float(meta["config"]["train"]["l2"])
-    out["objective"] = objective(loss_sum, weight_sum, _model(model)[0], l2)
-    out["objective_definition"] = (f"(1/sum w) sum w * {loss}(y, x.beta + b) + {l2:g}/2 |beta|^2 on this dataset "
-                                   "(terascale.solvers.catalogue; b unpenalized)")
+    l1 = float(meta["config"]["train"].get("l1", 0.0))  # models from before train.l1: 0
+    w = _model(model)[0]
+    out["objective"] = objective(loss_sum, weight_sum, w, l2, l1)
+    out["objective_definition"] = (f"(1/sum w) sum w * {loss}(y, x.beta + b) + {l1:g} |beta|_1 + {l2:g}/2 |beta|^2 "
+                                   "on this dataset (terascale.solvers.catalogue; b unpenalized)")
+    out["nonzeros"] = int(np.count_nonzero(w))
+    out["features"] = int(w.shape[0])
     out.update({"dataset": fsutil.normalize(data_dir), "model": model, "seconds": time.perf_counter() - t0})
     out["weighting"] = _weighting(m, meta)
     return out

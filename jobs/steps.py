@@ -61,13 +61,15 @@ def train_summary(meta: dict) -> str:
     held = [x for x in h if x.get("holdout_loss") is not None]
     best = min(held, key=lambda x: x["holdout_loss"]) if held else None
     return "\n".join([
-        f"  solver             {meta['config']['train']['solver']} ({len(ranks)} workers), loss {meta['config']['train']['loss']}, l2 {meta['config']['train']['l2']:g}",
+        f"  solver             {meta['config']['train']['solver']} ({len(ranks)} workers), loss {meta['config']['train']['loss']}, l2 {meta['config']['train']['l2']:g}"
+        + (f", l1 {l1:g}" if (l1 := meta["config"]["train"].get("l1")) else ""),
         f"  rows               {meta['data']['train_rows']:,} train + {meta['data']['holdout_rows']:,} held out"
         + (f" (negatives kept at rate {r:g}, weighted 1/{r:g})" if (r := meta["data"].get("negative_rate", 1.0)) < 1 else ""),
         f"  passes             {len(h)} (stopped: {meta.get('stop_reason') or 'n/a'}); objective {meta['objective']:.6f} at the returned weights"
         + (f"; best held-out loss {best['holdout_loss']:.6f} (pass {best['pass']})" if best else ""),
         f"  time in job        {meta['train_seconds']:.2f} s (attempts: {len(meta['attempts'])})",
-    ])
+    ] + ([f"  weights            {w['nonzeros']:,} non-zero of {w['length']:,} (stored {w['storage']})"]
+         if (w := meta.get("weights")) else []))
 
 
 def metrics_summary(r: dict) -> str:
@@ -77,6 +79,7 @@ def metrics_summary(r: dict) -> str:
         f"  normalized entropy  {r['normalized_entropy']:.6f}",
         f"  auROC               {r['auroc']:.6f}",
         f"  auPRC               {r['auprc']:.6f}",
+        *([f"  non-zero weights    {r['nonzeros']:,} of {r['features']:,}"] if "nonzeros" in r else []),
         f"  calibration         {r['calibration']:.4f} (mean prediction {r['mean_prediction']:.4f} / positive rate {r['positive_rate']:.4f})",
     ] + ([f"  weighting           {w['note']}"] if (w := r.get("weighting"))
          and min(w["model_negative_rate"], w["dataset_negative_rate"]) < 1 else []))

@@ -223,6 +223,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
         "config": to_dict(cfg),
         "intercept": rank0["intercept"],
         "objective": rank0["objective"],
+        "weights": rank0["weights"],  # storage, nonzeros, length (pipeline.modeldir)
         "stop_reason": rank0["stop_reason"],
         "history": rank0["history"],
         "per_rank": per_rank,

@@ -241,8 +241,9 @@ def _train(ctx, spec: TaskSpec, cache: ShardCache | None) -> dict:
             "chunk_rows": int(train_data.chunk_rows), "stale_removed": len(cache.stale_removed)})},
     }
     if comm.rank == 0:
-        modeldir.write_weights(spec.staging_dir, result.weights)
+        weights = modeldir.write_weights(spec.staging_dir, result.weights)
         out.update({
+            "weights": weights,
             "history": result.history, "intercept": float(result.intercept), "objective": float(result.objective),
             "stop_reason": result.stop_reason,
             "totals": {"train_rows": int(counts[0]), "train_nnz": int(counts[1]), "holdout_rows": int(counts[2]),

@@ -53,7 +53,7 @@ _REPORT = ("report.html", "objective_by_pass.png", "objective_by_time.png", "ran
 # relative paths terascale writes inside each kind of artifact
 OWN = {
     DATASET: (MANIFEST, "part-*.parquet", "_groups.npy", "_tokens.parquet", "_quarantine/*", "_temporary/*"),
-    MODEL: ("weights.npy", MODEL_MARKER, "metadata/*", "_published.json", "tokens.parquet", *_REPORT),
+    MODEL: ("weights.npy", "weights_sparse.npz", MODEL_MARKER, "metadata/*", "_published.json", "tokens.parquet", *_REPORT),
     PREDICTIONS: (PREDICTIONS_MARKER, MANIFEST, "part-*.parquet", "_temporary/*"),
     CHECKPOINTS: ("*",),  # the checkpoint directory belongs to the run that made it
 }

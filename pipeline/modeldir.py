@@ -1,4 +1,16 @@
-"""The model directory: ``weights.npy`` (float32, length 2^bits) and ``metadata.json``.
+"""The model directory: the weights and ``metadata.json``.
+
+The weights (float32, length n = 2^bits) are stored one of two ways, chosen by
+:func:`write_weights` (readers take either, :func:`load_weights`):
+
+- dense: ``weights.npy``, the whole vector (as before; any model with at least n/2 non-zeros);
+- sparse: ``weights_sparse.npz`` with ``indices`` (int32, or int64 when n > 2³¹, strictly
+  increasing, in [0, n)), ``values`` (float32, the non-zero weights, none 0) and ``length``
+  (n), when fewer than half the weights are non-zero (an L1 model, ``train.l1``): 8 bytes per
+  non-zero instead of 4 per weight.
+
+The metadata's ``weights`` entry records ``storage`` ("dense" or "sparse"), ``nonzeros`` and
+``length``.
 
 Written atomically: everything goes into a hidden staging sibling (``.NAME.tmp-RUN``) that is
 fsync'd and renamed into place last, so a model directory exists only when it is complete
@@ -21,6 +33,7 @@ from terascale.pipeline.redact import redact
 
 MODEL_FORMAT = 1
 WEIGHTS = "weights.npy"
+WEIGHTS_SPARSE = "weights_sparse.npz"  # indices + values, when fewer than half the weights are non-zero
 METADATA = "metadata.json"
 TOKENS = "tokens.parquet"  # the training dataset's token dictionary, when it has one (pipeline.tokendict)
 
@@ -34,16 +47,77 @@ def staging_dir(model_dir: str, tag: str = "") -> str:
     return artifacts.staging_path(model_dir, tag or uuid.uuid4().hex[:10])
 
 
-def write_weights(directory: str, weights: np.ndarray) -> None:
+def write_weights(directory: str, weights: np.ndarray, storage: str = "auto") -> dict:
+    """Write the weights dense or sparse: ``storage`` "auto" chooses by the module docstring's rule,
+    "dense" or "sparse" forces one. Returns the metadata's ``weights`` entry: {"storage",
+    "nonzeros", "length"}."""
+    if storage not in ("auto", "dense", "sparse"):
+        raise ValueError(f"storage = {storage!r}: must be 'auto', 'dense' or 'sparse'")
     w = np.ascontiguousarray(weights, dtype=np.float32)
     if not np.all(np.isfinite(w)):
         raise ModelError(f"refusing to write a model with {int(np.sum(~np.isfinite(w)))} non-finite weights")
     fsutil.makedirs(directory)
+    nonzeros = int(np.count_nonzero(w))
     buf = io.BytesIO()
-    np.save(buf, w, allow_pickle=False)
-    fs, inner = fsutil.resolve(fsutil.join(directory, WEIGHTS))
+    if storage == "sparse" or (storage == "auto" and 2 * nonzeros < w.shape[0]):
+        idx = np.flatnonzero(w).astype(np.int32 if w.shape[0] <= 1 << 31 else np.int64)
+        np.savez(buf, indices=idx, values=w[idx], length=np.int64(w.shape[0]))
+        name, storage = WEIGHTS_SPARSE, "sparse"
+    else:
+        np.save(buf, w, allow_pickle=False)
+        name, storage = WEIGHTS, "dense"
+    fs, inner = fsutil.resolve(fsutil.join(directory, name))
     with fs.open_output_stream(inner) as out:
         out.write(buf.getvalue())
+    return {"storage": storage, "nonzeros": nonzeros, "length": int(w.shape[0])}
+
+
+def weights_file(model_dir: str) -> tuple[str, str]:
+    """(path, storage) of the model's weights file: ``weights.npy`` ("dense") if it exists, else
+    ``weights_sparse.npz`` ("sparse"); ModelError when there is neither."""
+    base = fsutil.normalize(model_dir)
+    for name, storage in ((WEIGHTS, "dense"), (WEIGHTS_SPARSE, "sparse")):
+        path = fsutil.join(base, name)
+        if fsutil.exists(path):
+            return path, storage
+    raise ModelError(f"{model_dir}: no {WEIGHTS} or {WEIGHTS_SPARSE}; not a complete model directory")
+
+
+def _sparse_arrays(path: str, data: bytes) -> tuple[np.ndarray, np.ndarray, int]:
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            idx, val, n = z["indices"], z["values"], int(z["length"])
+    except (ValueError, KeyError, OSError) as e:
+        raise ModelError(f"{path}: not a sparse weights file ({e})") from None
+    return idx, val, n
+
+
+def load_weights(model_dir: str, n: int) -> np.ndarray:
+    """The model's weights as a dense float32 vector of length ``n`` (2^bits), from either storage;
+    ModelError for a file that does not match n or is malformed."""
+    path, storage = weights_file(model_dir)
+    fs, inner = fsutil.resolve(path)
+    with fs.open_input_stream(inner) as f:
+        data = f.read()
+    if storage == "dense":
+        w = np.load(io.BytesIO(data), allow_pickle=False)
+        if w.dtype != np.float32 or w.shape != (n,):
+            raise ModelError(f"{model_dir}: weights.npy is {w.dtype}{w.shape}, the spec wants float32 ({n},)")
+        return w
+    idx, val, length = _sparse_arrays(path, data)
+    if length != n:
+        raise ModelError(f"{path}: {length} weights, the spec wants {n}")
+    if (idx.ndim != 1 or val.ndim != 1 or idx.shape != val.shape or idx.dtype.kind != "i"
+            or val.dtype != np.float32):
+        raise ModelError(f"{path}: indices {idx.dtype}{idx.shape} and values {val.dtype}{val.shape}: want integer "
+                         "indices and float32 values of one length")
+    if idx.size and (idx[0] < 0 or idx[-1] >= n or not np.all(idx[1:] > idx[:-1])):
+        raise ModelError(f"{path}: indices must be strictly increasing in [0, {n})")
+    if not np.all(np.isfinite(val)):
+        raise ModelError(f"{path}: non-finite weights")
+    w = np.zeros(n, dtype=np.float32)
+    w[idx] = val
+    return w
 
 
 def copy_token_dictionary(data_dir: str, manifest: dict, staging: str) -> dict | None:
@@ -100,12 +174,7 @@ def load_metadata(model_dir: str) -> dict:
 def load_model(model_dir: str) -> tuple[np.ndarray, float, dict]:
     """(weights float32, intercept, metadata); checks the weights against the feature spec."""
     meta = load_metadata(model_dir)
-    fs, inner = fsutil.resolve(fsutil.join(fsutil.normalize(model_dir), WEIGHTS))
-    with fs.open_input_stream(inner) as f:
-        w = np.load(io.BytesIO(f.read()), allow_pickle=False)
-    n = 1 << int(meta["spec"]["bits"])
-    if w.dtype != np.float32 or w.shape != (n,):
-        raise ModelError(f"{model_dir}: weights.npy is {w.dtype}{w.shape}, the spec wants float32 ({n},)")
+    w = load_weights(model_dir, 1 << int(meta["spec"]["bits"]))
     return w, float(meta["intercept"]), meta
 
 

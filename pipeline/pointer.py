@@ -60,7 +60,8 @@ def check_complete(model_dir: str) -> dict:
     """The model's metadata, after checking that the directory is a complete terascale model.
 
     Reads metadata.json and only the header of weights.npy (its dtype and length must match the
-    feature spec), so the check stays cheap for a 2^31-weight model.
+    feature spec), so the check stays cheap for a 2^31-weight model; a sparse model
+    (``weights_sparse.npz``, :mod:`pipeline.modeldir`) is read whole and checked.
     """
     try:
         meta = modeldir.load_metadata(model_dir)
@@ -69,9 +70,10 @@ def check_complete(model_dir: str) -> dict:
         raise
     except (ValueError, KeyError, TypeError) as e:  # unparsable metadata.json, no spec
         raise modeldir.ModelError(f"{model_dir}: unreadable {modeldir.METADATA} ({e!r})") from None
-    path = fsutil.join(fsutil.normalize(model_dir), modeldir.WEIGHTS)
-    if not fsutil.exists(path):
-        raise modeldir.ModelError(f"{model_dir}: no {modeldir.WEIGHTS}; not a complete model directory")
+    path, storage = modeldir.weights_file(model_dir)
+    if storage == "sparse":
+        modeldir.load_weights(model_dir, n)
+        return meta
     fs, inner = fsutil.resolve(path)
     try:
         with fs.open_input_stream(inner) as f:

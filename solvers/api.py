@@ -75,7 +75,7 @@ def train(data: CSRData, comm: Communicator, params: SolverParams | None = None,
     with RowThreads(params.threads) as threads:  # the pool lives for the run (solvers.threads)
         tracker = PassTracker(solver_comm, inputs, loss_id, params.early_stop_passes, resume, threads)
         on_rows = rows_reporter(progress, tracker)
-        objective = DistributedObjective(inputs, solver_comm, loss_id, params.l2, on_rows, threads)
+        objective = DistributedObjective(inputs, solver_comm, loss_id, params.l2, on_rows, threads, params.l1)
         run = TrainRun(solver_comm, params, inputs, loss_id, objective, tracker, on_pass_end, resume,
                        on_rows, theta0, groups, threads)
         return solve(run)

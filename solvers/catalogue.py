@@ -10,8 +10,11 @@ on (the primal CPU kernels, the SDCA kernels and the GPU kernels alike); an id t
 
 **The objective.** Every solver minimises, over the rows of all ranks,
 
-    f(β, b) = (1/Σᵢwᵢ)·Σᵢ wᵢ·ℓ(yᵢ, xᵢ·β + b) + (λ₂/2)·‖β‖²,   λ₂ = ``train.l2``, b unpenalized,
+    f(β, b) = (1/Σᵢwᵢ)·Σᵢ wᵢ·ℓ(yᵢ, xᵢ·β + b) + λ₁·‖β‖₁ + (λ₂/2)·‖β‖²,
+    λ₁ = ``train.l1`` (default 0), λ₂ = ``train.l2``, b unpenalized,
 
+(the elastic net when both are positive; with λ₁ > 0 the L-BFGS phase is OWL-QN,
+:mod:`terascale.solvers.owlqn`, and online passes shrink towards 0, :mod:`terascale.solvers.kernels.online`)
 or its :class:`SolverSpec` says exactly how it differs (``objective_note``): CoCoA augments
 every row with a constant feature of value s = ``train.intercept_scale`` whose coefficient is
 penalized like the others, so it minimises f(β, b) + (λ₂/2)·(b/s)², which tends to f as s grows
@@ -118,6 +121,9 @@ class _Declarations:
     loss: str = param("logistic", "logistic (labels 0/1), squared (real labels), hinge and squared_hinge "
                       "(labels 0/1 as -1/+1)", OneOf(tuple(LOSSES)))
     l2: float = param(1e-6, "lambda of the mean-form objective (1/sum w) sum w*loss + lambda/2 |beta|^2", Interval(0, None))
+    l1: float = param(0.0, "lambda_1 of the L1 penalty lambda_1 |beta|_1 added to the objective (elastic net with l2; "
+                      "b unpenalized): > 0 makes the L-BFGS phase OWL-QN and the online passes shrink weights to 0 "
+                      "(truncated gradient), so the model is sparse; not with cocoa", Interval(0, None))
     passes: int = param(20, "maximum passes over the data, online passes included", Interval(1, 100000, integer=True))
     online_passes: int = param(1, "hybrid: online passes before L-BFGS starts", Interval(0, 100000, integer=True))
     learning_rate: float = param(0.5, "online learning rate (Vowpal Wabbit's -l)", Interval(0, None, lo_open=True))
@@ -163,7 +169,7 @@ PARAMS: tuple[dataclasses.Field, ...] = dataclasses.fields(_Declarations)
 PARAM_NAMES: tuple[str, ...] = tuple(f.name for f in PARAMS)
 
 #: the parameters every solver reads
-COMMON = ("solver", "loss", "l2", "passes", "tol", "seed", "threads")
+COMMON = ("solver", "loss", "l2", "l1", "passes", "tol", "seed", "threads")
 ONLINE = ("learning_rate", "shuffle", "invariant", "early_stop_passes")
 LBFGS = ("lbfgs_memory", "lbfgs_newton_steps", "lbfgs_curvature_rows", "lbfgs_coarse", "early_stop_passes")
 COCOA = ("local_epochs", "aggregation", "formulation", "partition", "device", "intercept_scale")
@@ -216,6 +222,9 @@ def _check_hybrid(p: Any) -> None:
 
 
 def _check_cocoa(p: Any) -> None:
+    if p.l1 > 0:
+        raise error("train.l1", p.l1, "0 with train.solver = 'cocoa' (its dual has no L1 term); use hybrid, lbfgs "
+                    "or online for an L1 or elastic-net model")
     if p.l2 <= 0:
         raise error("train.l2", p.l2, "> 0 with train.solver = 'cocoa' (its dual needs a positive penalty)")
     if p.formulation == "primal" and p.loss != "squared":
@@ -269,7 +278,8 @@ def check_solver_params(p: Any) -> None:
 
 register_solver(SolverSpec(
     "hybrid", "terascale.solvers.hybrid:train_hybrid",
-    "online AdaGrad pass(es) on every rank, per-coordinate weighted average, then L-BFGS warm-started from it",
+    "online AdaGrad pass(es) on every rank, per-coordinate weighted average, then L-BFGS (OWL-QN when l1 > 0) "
+    "warm-started from it",
     COMMON + ("online_passes",) + ONLINE + LBFGS, _PRIMAL_LOSSES, phases=("online", "lbfgs"), check=_check_hybrid))
 register_solver(SolverSpec(
     "online", "terascale.solvers.online:train_online",
@@ -277,7 +287,7 @@ register_solver(SolverSpec(
     COMMON + ONLINE, _PRIMAL_LOSSES, phases=("online",)))
 register_solver(SolverSpec(
     "lbfgs", "terascale.solvers.lbfgs:train_lbfgs",
-    "distributed L-BFGS from zero with a Jacobi (+ field-level coarse) preconditioner",
+    "distributed L-BFGS from zero with a Jacobi (+ field-level coarse) preconditioner (OWL-QN when l1 > 0)",
     COMMON + LBFGS, _PRIMAL_LOSSES, phases=("lbfgs",)))
 register_solver(SolverSpec(
     "cocoa", "terascale.solvers.cocoa_solver:solve_cocoa",

@@ -17,6 +17,11 @@ pairs are held, see :meth:`LBFGSPhase._first_step`), then the stopping tests, in
     early stopping on held-out data                       -> "early_stop"
     the pass budget (``passes``, online passes included)  -> "max_passes"
 
+With ``l1`` = λ₁ > 0 the phase is OWL-QN (:mod:`solvers.owlqn`): the same pass structure,
+state, active set and preconditioner, with the pseudo-gradient ◇f in place of ∇f in the
+direction and the stopping test, directions aligned with −◇f, and a backtracking line search
+over points projected onto an orthant instead of the strong-Wolfe search.
+
 A line search that finds no acceptable step is retried once along −M⁻¹·∇f with the memory
 cleared; if that fails too the run stops with "line_search_failed" (the objective is then flat
 to rounding along the directions tried); if no trial point even had a finite objective, that
@@ -49,6 +54,8 @@ from terascale.solvers.linesearch import strong_wolfe
 from terascale.solvers.local_table import LocalTable
 from terascale.solvers.objective import DistributedObjective
 from terascale.solvers.online import resumed_stop
+from terascale.solvers.owlqn import backtracking, steepest, trial_point
+from terascale.solvers.owlqn import direction as owlqn_direction
 from terascale.solvers.preconditioner import (
     Jacobi,
     TwoLevel,
@@ -114,8 +121,9 @@ class LBFGSPhase:
             value = ev.loss_term + objective.penalty(theta)
         precond = _preconditioner(run, space, objective.table, theta, jacobi_inverse(hess))
         coarse = precond.n_groups if isinstance(precond, TwoLevel) else 0
+        g0 = steepest(theta, grad, run.params.l1) if run.params.l1 > 0.0 else grad
         return cls(run, space, objective, theta, value, grad, precond,
-                   LBFGSMemory(run.params.lbfgs_memory, theta.shape[0]), norm2(grad), 1,
+                   LBFGSMemory(run.params.lbfgs_memory, theta.shape[0]), norm2(g0), 1,
                    start_info={"active_features": space.size, "coarse_groups": coarse})
 
     @classmethod
@@ -144,7 +152,17 @@ class LBFGSPhase:
                    from_state(saved), LBFGSMemory.from_state(saved),
                    float(saved["lbfgs_grad0_norm"]))
 
+    @property
+    def l1(self) -> float:
+        return self.run.params.l1
+
+    def steepest(self) -> np.ndarray:
+        """∇f, or with λ₁ > 0 the pseudo-gradient ◇f at the current iterate (:mod:`solvers.owlqn`)."""
+        return steepest(self.theta, self.grad, self.l1) if self.l1 > 0.0 else self.grad
+
     def _search_direction(self) -> tuple[np.ndarray, float]:
+        if self.l1 > 0.0:
+            return owlqn_direction(self.memory, self.precond, self.steepest())
         p = self.memory.direction(self.grad, self.precond)
         slope = dot(self.grad, p)
         if not slope < 0.0:  # the memory lost positive-definiteness numerically: restart
@@ -181,9 +199,21 @@ class LBFGSPhase:
         alpha = -slope / curv if curv is not None and math.isfinite(curv) and curv > 0.0 else 1.0
         return (alpha if 0.0 < alpha < math.inf else 1.0), 1
 
+    def _owlqn_phi(self, p: np.ndarray):
+        objective, theta, pg = self.objective, self.theta, self.steepest()
+
+        def phi(alpha: float):
+            point, change = trial_point(theta, p, pg, alpha)
+            ev = objective.evaluate(point)
+            return ev.value, change, (point, ev), ev.finite
+
+        return phi
+
     def _search(self, p: np.ndarray, slope: float):
         alpha0, passes = self._first_step(p, slope)
         self.curvature_passes += passes
+        if self.l1 > 0.0:
+            return backtracking(self._owlqn_phi(p), self.value, alpha0)
         return strong_wolfe(self._phi(p), self.value, slope, alpha0)
 
     def iterate(self, pass_number: int) -> str | None:
@@ -222,7 +252,7 @@ class LBFGSPhase:
         return None
 
     def _record(self, step: float | None, evals: int) -> float:
-        grad_norm = norm2(self.grad)
+        grad_norm = norm2(self.steepest())
         extra = {"curvature_passes": self.curvature_passes} if self.curvature_passes else {}
         extra.update(self.start_info)
         self.curvature_passes = 0

@@ -1,7 +1,13 @@
 """The distributed mean-form objective, evaluated with ONE AllReduce per evaluation.
 
-    f(θ) = (1/W)·Σ_k Σ_{i∈k} wᵢ·ℓ(yᵢ, xᵢ·β + b) + (λ/2)·‖β‖²,   θ = [β, b],  W = Σ_k Σ_{i∈k} wᵢ
+    f(θ) = (1/W)·Σ_k Σ_{i∈k} wᵢ·ℓ(yᵢ, xᵢ·β + b) + λ₁·‖β‖₁ + (λ/2)·‖β‖²,
+           θ = [β, b],  W = Σ_k Σ_{i∈k} wᵢ
     ∇f = (1/W)·Σ_k g_k + λ·[β, 0],   diag ∇²f = (1/W)·Σ_k h_k + λ·[1, …, 1, 0]
+
+With λ₁ = ``l1`` > 0 the value includes λ₁·‖β‖₁ (:meth:`DistributedObjective.penalty`), but
+``grad``, ``hess_diag`` and :meth:`DistributedObjective.curvature` stay those of the smooth part
+(the loss term plus the L2 penalty): OWL-QN (:mod:`solvers.owlqn`) builds its pseudo-gradient
+from them and takes its curvature pairs from the smooth gradient alone.
 
 Each rank runs the CSR kernel on its shard (g_k, h_k: local weighted sums), then one float64
 AllReduce of ``[g_k | h_k (first evaluation only) | loss_k | bad_k]`` (float64: the sums feed
@@ -20,6 +26,7 @@ import numpy as np
 from terascale.allreduce.communicator import Communicator
 from terascale.solvers.errors import DivergenceError
 from terascale.solvers.kernels import objective as K
+from terascale.solvers.kernels.owlqn import l1_norm
 from terascale.solvers.kernels.sampling import sample_stride
 from terascale.solvers.kernels.vector import axpy, dot
 from terascale.solvers.local_table import LocalTable
@@ -136,12 +143,13 @@ class DistributedObjective:
     """f, ∇f (and the Hessian diagonal) over all ranks' shards; see the module docstring."""
 
     def __init__(self, inputs: Inputs, comm: Communicator, loss_id: int, l2: float,
-                 on_rows: Callable[[int], None] | None = None, threads: RowThreads = SERIAL):
+                 on_rows: Callable[[int], None] | None = None, threads: RowThreads = SERIAL, l1: float = 0.0):
         self.inputs = inputs
         self.shard = inputs.train
         self.comm = comm
         self.loss_id = loss_id
         self.l2 = float(l2)
+        self.l1 = float(l1)
         self.on_rows = on_rows
         self.threads = threads  # the rank's threads (solvers.threads): every pass runs on them
         self.dim = inputs.n_features + 1
@@ -158,9 +166,12 @@ class DistributedObjective:
         return out
 
     def penalty(self, theta: np.ndarray) -> float:
-        """(λ/2)·‖β‖² (the intercept excluded)."""
+        """λ₁·‖β‖₁ + (λ/2)·‖β‖² (the intercept excluded; the L1 term only when λ₁ > 0)."""
         beta = theta[:-1]
-        return 0.5 * self.l2 * dot(beta, beta)
+        value = 0.5 * self.l2 * dot(beta, beta)
+        if self.l1 > 0.0:
+            value += self.l1 * l1_norm(theta)
+        return value
 
     def _local(self, theta: np.ndarray, grad: np.ndarray, hess: np.ndarray) -> tuple[float, str | None]:
         if self.table is not None:

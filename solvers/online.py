@@ -20,6 +20,14 @@ pass the totals are the starting ones plus every block's increment, added in blo
 progressive loss and weight sums are each block's, added in block order. With T = 1 the pass
 is one sequential walk, as before.
 
+L1 (``l1`` = λ₁ > 0): every pass applies truncated-gradient shrinkage, lazily per feature
+(:mod:`solvers.kernels.online`, step 6): before the pass every feature's shrink clock is set to
+the pass's starting t; the kernel shrinks a feature's weight towards 0 (clipped at 0) whenever it
+updates it, for the importance weight seen since its last shrink; after the pass (the threads'
+totals merged) :func:`~solvers.kernels.online.l1_catch_up` shrinks every feature for the rest of
+the pass at the pass's final step size. The averaged weights are then 0 wherever every rank's
+are, so the hybrid's L-BFGS (OWL-QN) phase starts from a sparse point.
+
 Divergence: a non-finite margin, squared gradient or weight on any rank, or an exploding loss
 (the pass's progressive loss above EXPLODING_FACTOR times the loss of the all-zero model),
 raises DivergenceError on every rank.
@@ -37,7 +45,9 @@ from terascale.solvers.kernels.online import (
     BAD_MARGIN,
     OK,
     G,
+    T,
     W,
+    l1_catch_up,
     mark_state,
     new_state,
     online_pass,
@@ -93,6 +103,9 @@ class OnlineLearner:
         else:
             cuts = split_positions(s.indptr, order, threads.size)
         single = cuts.shape[0] == 2
+        l1 = run.params.l1
+        if l1 > 0.0:  # every feature's shrink clock starts at the pass's t (module docstring)
+            self.table[:, T] = self.totals[0]
         start = self.totals.copy()
 
         def work(i: int, lo: int, hi: int, tick):
@@ -103,7 +116,7 @@ class OnlineLearner:
                 loss_sum, weight_sum, status, row = online_pass(
                     s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, order, self.table, totals,
                     run.loss_id, run.params.learning_rate, run.params.invariant, a, b,
-                    loss_sum, weight_sum,
+                    loss_sum, weight_sum, l1,
                 )
                 if status != OK:
                     break
@@ -120,6 +133,9 @@ class OnlineLearner:
                 loss_sum += p[0]
                 weight_sum += p[1]
         status, row = next(((p[2], p[3]) for p in parts if p[2] != OK), (OK, -1))
+        t, n_norm = self.totals
+        if l1 > 0.0 and status == OK and n_norm > 0.0:
+            l1_catch_up(self.table, t, run.params.learning_rate * np.sqrt(t / n_norm), l1)
         problem = None
         if status == BAD_MARGIN:
             problem = f"rank {run.comm.rank}: non-finite margin at row {row}"

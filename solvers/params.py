@@ -11,6 +11,9 @@ Notes on the parameters whose help is short:
 - ``l2``: λ ≥ 0 of the objective (see the catalogue). 1e-6 keeps the optimum finite for hashed
   features that occur in one class only (their unregularized logistic weight is infinite)
   while shrinking features seen in fewer than ~1e-5 of the rows.
+- ``l1``: λ₁ ≥ 0 of the L1 term λ₁·‖β‖₁ (the intercept unpenalized); with λ₁ > 0 the L-BFGS
+  phase is OWL-QN (:mod:`terascale.solvers.owlqn`) and every online pass shrinks weights towards
+  0 (truncated gradient, :mod:`terascale.solvers.kernels.online`); cocoa refuses it.
 - ``passes``: an online pass is one pass over the data; an L-BFGS pass is one iteration (a
   line search, usually one function evaluation; the history records ``evaluations``); a CoCoA
   pass is one round.

@@ -44,7 +44,9 @@ def loss_terms(m: np.ndarray, labels: np.ndarray, weights: np.ndarray, loss: str
     return float(margin_loss_sum(m, labels, weights, loss_spec(loss).id)), float(weights.sum(dtype=np.float64))
 
 
-def objective(loss_sum: float, weight_sum: float, weights: np.ndarray, l2: float) -> float:
-    """f(β, b) = loss_sum / weight_sum + (λ/2)·‖β‖², the catalogue's one definition."""
+def objective(loss_sum: float, weight_sum: float, weights: np.ndarray, l2: float, l1: float = 0.0) -> float:
+    """f(β, b) = loss_sum / weight_sum + λ₁·‖β‖₁ + (λ/2)·‖β‖², the catalogue's one definition."""
     beta = np.asarray(weights, dtype=np.float64)
-    return loss_sum / weight_sum + 0.5 * l2 * float(beta @ beta) if weight_sum > 0 else float("nan")
+    if weight_sum <= 0:
+        return float("nan")
+    return loss_sum / weight_sum + l1 * float(np.abs(beta).sum()) + 0.5 * l2 * float(beta @ beta)

@@ -33,7 +33,7 @@ _READABLE_VERSIONS = (1, 2)
 
 #: Parameters a resumed run must share with the run that wrote the state (the others, e.g.
 #: passes, tol and early_stop_passes, may change).
-RESUME_INVARIANT = ("solver", "loss", "l2", "learning_rate", "online_passes", "lbfgs_memory",
+RESUME_INVARIANT = ("solver", "loss", "l2", "l1", "learning_rate", "online_passes", "lbfgs_memory",
                     "lbfgs_newton_steps", "lbfgs_curvature_rows", "lbfgs_coarse", "seed", "shuffle",
                     "invariant")
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def make_model(path: Path, bits: int = 4, fill: float = 0.0) -> str:
     staging = modeldir.staging_dir(str(path))
-    modeldir.write_weights(staging, np.full(1 << bits, fill, np.float32))
+    modeldir.write_weights(staging, np.full(1 << bits, fill, np.float32), storage="dense")
     modeldir.commit(staging, str(path), {"spec": {"bits": bits}, "intercept": 0.0})
     return str(path)
 

@@ -22,6 +22,26 @@ included with x = 1; examples of weight 0 are skipped):
    gradient scalar h·g when ``invariant`` is off;
 5. w_j ← w_j − η_t·u·r_j·x_j  (so the margin moves by exactly −u·κ).
 
+L1 shrinkage (``l1`` = λ₁ > 0; truncated gradient, Langford, Li & Zhang 2009, applied lazily).
+The fourth column ``T`` (padding when λ₁ = 0) holds the clock t at which feature j was last
+shrunk. In step 5, right after a feature's gradient step, with the rate r_j of this update:
+
+6. shrink: a = η_t·r_j·λ₁·(t − T_j) (0 if t ≤ T_j);  w_j ← sign(w_j)·max(0, |w_j| − a);  T_j ← t
+
+(the intercept is never shrunk). Over the examples since j's last shrink the mean-form penalty
+λ₁·‖β‖₁ is λ₁·h per example of weight h in the sum form, and j's step size is η_t·r_j, so
+t − T_j = the importance weight seen meanwhile makes a the whole penalty step skipped while j was
+not touched: a catch-up that is exact while η_t·r_j stays the same, and approximate in that it
+prices the skipped examples at the current η_t·r_j (η_t drifts slowly with √(t/N); r_j changes
+only when j is touched, so only its own latest update is used). A weight that would cross 0 stops
+at 0 (clipped, as in truncated gradient): the weights themselves become sparse. Rows skipped
+before step 5 (g = 0) leave T_j as it is: the next shrink or :func:`l1_catch_up` pays for them.
+The caller sets T = t for every feature before a pass (the clock is the pass's t) and calls
+:func:`l1_catch_up` after it, so every feature pays for the whole pass. T is float32, so the
+gap t − T_j is exact to float32's rounding of t. With Hogwild threads each thread's t is its own
+(:mod:`solvers.online`): a gap read against another thread's stamp is approximate (0 when
+negative).
+
 While a row is processed, the table rows of the next example's features are prefetched.
 The pass also sums the progressive loss Σ h·ℓ(y, m) (each example scored before its update).
 Arithmetic on scalars is float64; the table is float32. The example order is the stored one,
@@ -48,6 +68,7 @@ from terascale.solvers.kernels.values import DENSE, ONE, PLAIN, row_start, value
 W = 0
 G = 1
 S = 2
+T = 3  # the clock t of the feature's last L1 shrink (padding when l1 = 0)
 STATE_COLUMNS = 4
 
 OK = 0
@@ -80,11 +101,13 @@ def _prefetch_example(state, indptr, indices, r):
 
 @njit(cache=True, nogil=True)
 def online_pass(indptr, indices, values, vpos, labels, weights, order, state, totals, loss_id,
-                learning_rate, invariant, start, stop, loss_sum, weight_sum):
+                learning_rate, invariant, start, stop, loss_sum, weight_sum, l1=0.0):
     """Process examples ``start..stop-1`` of the pass (positions in ``order`` if it is non-empty,
     else row numbers), updating ``state`` and ``totals`` in place (see the module docstring).
     A pass is one call over all rows, or consecutive calls over consecutive ranges carrying
     ``loss_sum`` and ``weight_sum`` (start a pass with 0.0): the result is the same bit for bit.
+
+    ``l1`` > 0: the L1 shrink of step 6 after every gradient step (module docstring).
 
     Returns ``(loss_sum, weight_sum, status, row)``: the running progressive loss Σ h·ℓ and Σ h,
     and ``status`` OK, or BAD_MARGIN / BAD_UPDATE with the (stored) index of the row where the
@@ -201,11 +224,42 @@ def online_pass(indptr, indices, values, vpos, labels, weights, order, state, to
             else:
                 x, e = value_at(values, vpos, k, e)
             state[indices[k], W] -= np.float32(c * rate[n] * x)
+            if l1 > 0.0:
+                _shrink(state, indices[k], eta_t * rate[n] * l1, t)
             n += 1
         state[d, W] -= np.float32(c * rb)
     totals[0] = t
     totals[1] = n_norm
     return loss_sum, weight_sum, OK, -1
+
+
+@njit(cache=True, nogil=True)
+def _shrink(state, j, scale, t):
+    """Step 6 of the module docstring for feature j: shrink w_j by scale·(t − T_j), clipped at 0."""
+    gap = t - state[j, T]
+    if gap > 0.0:
+        a = scale * gap
+        w = state[j, W]
+        if w > a:
+            state[j, W] = w - np.float32(a)
+        elif w < -a:
+            state[j, W] = w + np.float32(a)
+        else:
+            state[j, W] = np.float32(0.0)
+    state[j, T] = t
+
+
+@njit(cache=True, nogil=True)
+def l1_catch_up(state, t, eta_t, l1):
+    """Shrink every feature's weight for the examples since its last shrink (step 6 of the module
+    docstring at clock ``t``, step size η_t·r_j with r_j = 1/(s_j·√G_j), 0 while G_j = 0, as in
+    step 3), then set T_j = t. The intercept (the last row) is not touched."""
+    for j in range(state.shape[0] - 1):
+        gj = state[j, G]
+        if state[j, W] != 0.0 and gj > 0.0:
+            rj = np.float32(1.0) / (state[j, S] * math.sqrt(gj))
+            _shrink(state, j, eta_t * rj * l1, t)
+        state[j, T] = t
 
 
 @njit(cache=True, nogil=True)
