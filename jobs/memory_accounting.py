@@ -23,9 +23,11 @@ features of the shard, m = ``lbfgs_memory``. Each term belongs to one category:
 - ``model_state``: online (and the hybrid's first passes): the w, G, s table, 3 float32 per
   feature, 12·(D+1); the weights as float64 (start, current and best) 24·(D+1); the active
   features' position map int32 4·D and presence marks 1·D, their ids 8·d; the averaging vector
-  and its sum 16·(d+1); the returned float32 weights 4·D. L-BFGS: full-length float64 weights
-  (current, and the best under early stopping; the start is dropped once compacted) 16·(D+1);
-  feature maps (active position, local slot) 8·D; the local table (3 float64 + an int64 id per own feature) 32·(f+1); the returned float32 weights 4·D.
+  and its sum 16·(d+1); the returned float32 weights 4·D; with T > 1 threads the hot-feature
+  replicas and relabel maps (:func:`hot_bytes`, under ``buffers``). L-BFGS: full-length
+  float64 weights (current, and the best under early stopping; the start is dropped once
+  compacted) 16·(D+1); feature maps (active position, local slot) 8·D; the local table
+  (3 float64 + an int64 id per own feature) 32·(f+1); the returned float32 weights 4·D.
   CoCoA: w, its update, u over all features and the round's AllReduce vector and sum 40·(D+1);
   dual variables, updates and messages 48·n; per thread replicas 16·threads·(f+1) and the local
   vectors 24·(f+1); feature counts 4·D; the returned weights 8·D.
@@ -49,6 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from terascale.solvers.catalogue import solver_spec
+from terascale.solvers.hot import MAX_HOT, ROWS_PER_LINE
 
 PROCESS_BASELINE, SHARD, MODEL_STATE, LBFGS_MEMORY, BUFFERS = (
     "process_baseline", "shard", "model_state", "lbfgs_memory", "buffers")
@@ -86,6 +89,12 @@ def csr_bytes(rows: int, nnz: int, nnz_values: int | None = None) -> int:
     in rows with explicit values (the preflight's bound, module docstring)."""
     z_v = nnz if nnz_values is None else nnz_values
     return 8 * (rows + 1) + 4 * nnz + min(12 * z_v, 4 * nnz) + 8 * rows
+
+
+def hot_bytes(n_features: int, threads: int) -> int:
+    """The online phase's hot-feature replicas with T > 1 (:mod:`solvers.hot`): T blocks of at most
+    MAX_HOT + 1 rows of 16 B, and while relabelling a slot map (2 B) and a bitmap (1 bit) per feature."""
+    return threads * (MAX_HOT + ROWS_PER_LINE) * 16 + 2 * n_features + (n_features + 7) // 8
 
 
 def batch_bytes(rows: int, nnz: int) -> int:
@@ -187,6 +196,8 @@ def account(plan: Plan, s: Sizes, baseline: int) -> Accounting:
         "feature maps and marks (5 B x 2^bits)": (MODEL_STATE, 5 * D),
         "averaging vectors (24 B x active features)": (MODEL_STATE, 24 * (d + 1)),
         "returned float32 weights": (MODEL_STATE, 4 * D),
+        **({f"hot-feature replicas and relabel maps ({plan.threads} threads)": (BUFFERS, hot_bytes(D, plan.threads))}
+           if plan.threads > 1 else {}),
     }
     lbfgs = {
         f"L-BFGS pairs (2 x {plan.lbfgs_memory} float32 x active features)": (LBFGS_MEMORY, 8 * plan.lbfgs_memory * (d + 1)),

@@ -20,6 +20,13 @@ pass the totals are the starting ones plus every block's increment, added in blo
 progressive loss and weight sums are each block's, added in block order. With T = 1 the pass
 is one sequential walk, as before.
 
+Hot features (T > 1 on data handed over, ``consume``): the intercept and the most frequent
+features are written by every thread on nearly every row, and that contention, not the arithmetic,
+held two Hogwild threads to about one thread's speed. Each thread therefore updates its own
+replicas of them during a pass, merged into the shared rows after it by a per-coordinate weighted
+average (:mod:`solvers.hot`, :mod:`solvers.kernels.hot`); the shard's indices are relabelled for
+the online phase and given back by :meth:`OnlineLearner.close`.
+
 L1 (``l1`` = λ₁ > 0): every pass applies truncated-gradient shrinkage, lazily per feature
 (:mod:`solvers.kernels.online`, step 6): before the pass every feature's shrink clock is set to
 the pass's starting t; the kernel shrinks a feature's weight towards 0 (clipped at 0) whenever it
@@ -40,7 +47,9 @@ import numpy as np
 from terascale.solvers.active import ActiveFeatures, agree_marks
 from terascale.solvers.averaging import average_online_state
 from terascale.solvers.errors import DivergenceError
+from terascale.solvers.hot import HotReplicas, choose_hot
 from terascale.solvers.kernels.features import mark_features
+from terascale.solvers.kernels.hot import mark_relabelled
 from terascale.solvers.kernels.online import (
     BAD_MARGIN,
     OK,
@@ -66,13 +75,26 @@ class OnlineLearner:
     def __init__(self, run: TrainRun):
         self.run = run
         self.space: ActiveFeatures | None = None  # the features averaged, see agree_features
-        self.table = new_state(run.n_features)  # weights 0
+        s = run.inputs.train
+        self.hot: HotReplicas | None = None  # T > 1 on data handed over: per-thread hot replicas
+        if run.threads.size > 1 and run.inputs.consume:
+            ids = choose_hot(s)
+            if ids.shape[0]:
+                self.hot = HotReplicas(ids, run.n_features, run.threads.size)
+        # the kernel's table: with replicas, the canonical rows then the threads' blocks
+        self.state = self.hot.extended_table() if self.hot else new_state(run.n_features)
+        self.table = self.state[: run.n_features + 1]  # weights 0
         if run.init is not None:
             self.table[:, W] = run.init
         self.totals = np.zeros(2, dtype=np.float64)
-        s = run.inputs.train
         self.zero_loss = zero_model_loss_sum(s.labels, s.weights, run.loss_id)
         s.release_all()  # a file-backed shard: the two columns leave memory again
+
+    def close(self) -> None:
+        """Give the shard back its feature ids if the hot replicas relabelled them (solvers.hot);
+        the learner's state stays usable."""
+        if self.hot is not None:
+            self.hot.unlabel(self.run.inputs.train, self.run.threads)
 
     def theta(self) -> np.ndarray:
         """Current weights as float64 [β, b]."""
@@ -107,23 +129,32 @@ class OnlineLearner:
         if l1 > 0.0:  # every feature's shrink clock starts at the pass's t (module docstring)
             self.table[:, T] = self.totals[0]
         start = self.totals.copy()
+        hot = None if single else self.hot
+        if hot is not None:
+            hot.relabel(s, threads)  # once: the shard keeps the relabelled ids until close()
+            hot.seed(self.state)
 
         def work(i: int, lo: int, hi: int, tick):
             totals = self.totals if single else start.copy()  # a thread's own [t, N]
             loss_sum = weight_sum = 0.0
             status, row = OK, -1
+            top, offset, bias = hot.kernel_args(i) if hot is not None else (-1, 0, -1)
             for a, b in s.chunks(lo, hi):
                 loss_sum, weight_sum, status, row = online_pass(
-                    s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, order, self.table, totals,
+                    s.indptr, s.indices, s.values, s.vpos, s.labels, s.weights, order, self.state, totals,
                     run.loss_id, run.params.learning_rate, run.params.invariant, a, b,
-                    loss_sum, weight_sum, l1,
+                    loss_sum, weight_sum, l1, top, offset, bias,
                 )
                 if status != OK:
                     break
                 tick(b - lo)
             return loss_sum, weight_sum, status, row, totals
 
-        parts = threads.run(work, cuts, run.report_rows)
+        try:
+            parts = threads.run(work, cuts, run.report_rows)
+        finally:
+            if hot is not None:
+                hot.merge(self.state)
         loss_sum, weight_sum = parts[0][0], parts[0][1]
         if not single:
             self.totals[:] = start
@@ -155,8 +186,14 @@ class OnlineLearner:
             run = self.run
             marks = np.zeros(run.n_features, dtype=np.uint8)
             s = run.inputs.train
+            relabelled = self.hot is not None and self.hot.relabelled
             for a, b in s.chunks():
-                mark_features(s.indices[s.indptr[a] : s.indptr[b]], marks)
+                if relabelled:
+                    mark_relabelled(s.indices[s.indptr[a] : s.indptr[b]], marks, run.n_features)
+                else:
+                    mark_features(s.indices[s.indptr[a] : s.indptr[b]], marks)
+            if relabelled:
+                marks[self.hot.hot_ids] = 1  # in the data: chosen from a sample of its rows
             mark_state(self.table, marks)
             self.space = ActiveFeatures(agree_marks(run.comm, marks), run.n_features)
         return self.space
@@ -228,12 +265,16 @@ def resumed_stop(run: TrainRun) -> str | None:
 
 def train_online(run: TrainRun) -> TrainResult:
     learner = OnlineLearner(run)
-    first = 1
-    if run.resume is not None:
-        theta = learner.restore(run.resume)
-        first = run.resume["pass"] + 1
-        stop = resumed_stop(run)
-        if stop:
-            return run.finish(theta, None, stop)
-    theta, stop = run_online_phase(run, learner, first, run.params.passes)
-    return run.finish(theta, None, stop or "max_passes")
+    try:
+        first = 1
+        theta, stop = None, None
+        if run.resume is not None:
+            theta = learner.restore(run.resume)
+            first = run.resume["pass"] + 1
+            stop = resumed_stop(run)
+        if not stop:
+            theta, stop = run_online_phase(run, learner, first, run.params.passes)
+            stop = stop or "max_passes"
+    finally:
+        learner.close()  # the shard's feature ids back (solvers.hot) before the objective reads them
+    return run.finish(theta, None, stop)

@@ -94,14 +94,16 @@ def _max_row_nnz(indptr, order, start, stop):
 
 
 @njit(cache=True)
-def _prefetch_example(state, indptr, indices, r):
+def _prefetch_example(state, indptr, indices, r, top, offset):
     for k in range(indptr[r], indptr[r + 1]):
-        prefetch_row(state, indices[k])
+        j = indices[k]
+        prefetch_row(state, j + offset if j > top else j)  # a replica: this thread's own
 
 
 @njit(cache=True, nogil=True)
 def online_pass(indptr, indices, values, vpos, labels, weights, order, state, totals, loss_id,
-                learning_rate, invariant, start, stop, loss_sum, weight_sum, l1=0.0):
+                learning_rate, invariant, start, stop, loss_sum, weight_sum, l1=0.0, n_features=-1, offset=0,
+                bias=-1):
     """Process examples ``start..stop-1`` of the pass (positions in ``order`` if it is non-empty,
     else row numbers), updating ``state`` and ``totals`` in place (see the module docstring).
     A pass is one call over all rows, or consecutive calls over consecutive ranges carrying
@@ -109,12 +111,17 @@ def online_pass(indptr, indices, values, vpos, labels, weights, order, state, to
 
     ``l1`` > 0: the L1 shrink of step 6 after every gradient step (module docstring).
 
+    Hot-feature replicas (:mod:`solvers.kernels.hot`; the defaults leave them off): an index
+    above ``n_features`` (a relabelled hot feature) is read at that index + ``offset``, and the
+    intercept at row ``bias``; by default ``n_features`` and ``bias`` are the table's last row.
+
     Returns ``(loss_sum, weight_sum, status, row)``: the running progressive loss Σ h·ℓ and Σ h,
     and ``status`` OK, or BAD_MARGIN / BAD_UPDATE with the (stored) index of the row where the
     pass stopped.
     """
     n_rows = labels.shape[0]
-    d = state.shape[0] - 1
+    top = state.shape[0] - 1 if n_features < 0 else n_features  # indices above it: replicas
+    d = top if bias < 0 else bias  # the intercept's row
     shuffled = order.shape[0] > 0
     rate = np.empty(_max_row_nnz(indptr, order, start, stop), dtype=np.float32)
     t = totals[0]
@@ -127,7 +134,7 @@ def online_pass(indptr, indices, values, vpos, labels, weights, order, state, to
         h = float(weights[r])
         y = float(labels[r])
         if i + 1 < n_rows:
-            _prefetch_example(state, indptr, indices, order[i + 1] if shuffled else i + 1)
+            _prefetch_example(state, indptr, indices, order[i + 1] if shuffled else i + 1, top, offset)
         if h == 0.0:  # no influence at all (not even on the normalizers)
             continue
 
@@ -146,6 +153,8 @@ def online_pass(indptr, indices, values, vpos, labels, weights, order, state, to
             ax = abs(x)
             if ax > 0.0:
                 j = indices[k]
+                if j > top:
+                    j += offset
                 s = state[j, S]
                 if ax > s:
                     if s > 0.0:
@@ -189,6 +198,8 @@ def online_pass(indptr, indices, values, vpos, labels, weights, order, state, to
             else:
                 x, e = value_at(values, vpos, k, e)
             j = indices[k]
+            if j > top:
+                j += offset
             gj = state[j, G] + hg2 * (x * x)
             state[j, G] = gj
             rj = np.float32(1.0) / (state[j, S] * math.sqrt(gj)) if gj > 0.0 else np.float32(0.0)
@@ -223,9 +234,12 @@ def online_pass(indptr, indices, values, vpos, labels, weights, order, state, to
                 x = values[k]
             else:
                 x, e = value_at(values, vpos, k, e)
-            state[indices[k], W] -= np.float32(c * rate[n] * x)
+            j = indices[k]
+            if j > top:
+                j += offset
+            state[j, W] -= np.float32(c * rate[n] * x)
             if l1 > 0.0:
-                _shrink(state, indices[k], eta_t * rate[n] * l1, t)
+                _shrink(state, j, eta_t * rate[n] * l1, t)
             n += 1
         state[d, W] -= np.float32(c * rb)
     totals[0] = t
