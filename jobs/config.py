@@ -304,6 +304,13 @@ def all_keys() -> list[str]:
 # Coercion and validation.
 
 
+def _coerce_field(key: str, typ: Any, f: dataclasses.Field, value: Any, raw: bool) -> Any:
+    """:func:`_coerce`, or the constraint's own ``parse`` for a field of two kinds (``AutoOr``:
+    ``auto`` or a number, e.g. ``train.l2``)."""
+    parse = getattr(f.metadata.get("constraint"), "parse", None)
+    return parse(value, raw) if parse is not None else _coerce(key, typ, value, raw)
+
+
 def _coerce(key: str, typ: Any, value: Any, raw: bool) -> Any:
     """Convert ``value`` (from YAML, or a raw --set string when ``raw``) to the field type."""
     def bad(what: str) -> ConfigError:
@@ -384,6 +391,10 @@ def _cross_checks(cfg: Config) -> None:
                               "(YAML: spark: {conf: {spark.executor.memory: 4g}})")
     solver_params(cfg.train)  # the solver's own cross-checks (the catalogue's SolverSpec.check)
     t = cfg.train
+    if t.l2 == "auto" and t.holdout_period in (0, 1):
+        raise ConfigError(f"train.l2 = 'auto': chooses l2 by the held-out loss, which needs held-out rows: set "
+                          f"train.holdout_period to N > 1 (1 row in N held out; the default is 10; got "
+                          f"{t.holdout_period}), or set train.l2 to a number")
     if t.data_cache == "disk" and t.shuffle:
         raise ConfigError("train.shuffle = true: needs train.data_cache = 'memory' or 'auto' (got 'disk'): a shuffled "
                           "online pass reads rows at random, which a shard streamed from the local cache cannot "
@@ -492,7 +503,7 @@ def load_config(conf_files: list[str | Path] = (), sets: list[str] = ()) -> Conf
             raise ConfigError(f"--conf {path}: not valid YAML ({_yaml_problem(e)})") from None
         for key, v in _flatten(doc or {}, str(path)).items():
             typ, f = _owner_field(key)
-            values[key] = _coerce(key, typ, v, raw=False)
+            values[key] = _coerce_field(key, typ, f, v, raw=False)
     for item in sets:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: must look like section.key=value")
@@ -501,7 +512,7 @@ def load_config(conf_files: list[str | Path] = (), sets: list[str] = ()) -> Conf
         if key in _section_keys():
             raise ConfigError(f"--set {item!r}: '{key}' is a section; set one of its keys")
         typ, f = _owner_field(key)
-        values[key] = _coerce(key, typ, raw, raw=True)
+        values[key] = _coerce_field(key, typ, f, raw, raw=True)
     for key, v in values.items():
         _, f = _owner_field(key)
         _check(key, f, v)

@@ -31,7 +31,8 @@ from terascale.jobs.memory_accounting import CATEGORIES, fmt_bytes  # noqa: E402
 from terascale.pipeline import modeldir  # noqa: E402
 from terascale.pipeline.redact import redact  # noqa: E402
 
-PLOTS = ("objective_by_pass", "objective_by_time", "rank_timings", "memory", "roc", "precision_recall", "calibration")
+PLOTS = ("objective_by_pass", "objective_by_time", "rank_timings", "memory", "roc", "precision_recall", "calibration",
+         "regularization_path")
 
 
 def _png(fig) -> bytes:
@@ -113,6 +114,44 @@ def _memory_plot(ranks: list[dict], estimate: dict) -> bytes:
     return _png(fig)
 
 
+def _path_plot(reg: dict) -> bytes:
+    """Held-out loss and training objective of every step of a regularization path against its
+    λ (log axis), the chosen step marked."""
+    name, steps = reg["penalty"], reg["steps"]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    lam = [st[name] for st in steps]
+    for key, label in (("holdout_loss", "held-out loss"), ("objective", "training objective")):
+        pts = [(x, st[key]) for x, st in zip(lam, steps, strict=True) if st.get(key) is not None]
+        if pts:
+            ax.plot([x for x, _ in pts], [v for _, v in pts], marker="o", ms=4, label=label)
+    chosen = steps[reg["chosen_step"]]
+    if chosen.get("holdout_loss") is not None:
+        ax.scatter([chosen[name]], [chosen["holdout_loss"]], s=120, facecolors="none", edgecolors="black",
+                   label=f"chosen {name} = {reg['value']:g}", zorder=3)
+    ax.set_xscale("log")
+    ax.invert_xaxis()  # the path runs from the largest value down
+    ax.set_xlabel(f"{name} (path order: left to right)")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _png(fig)
+
+
+def _path_section(meta: dict, images: dict[str, bytes]) -> list[str]:
+    """The regularization path (``train.l2 = auto``): the plot and one row per step."""
+    reg = meta.get("regularization")
+    if not reg:
+        return []
+    name = reg["penalty"]
+    rows = [[str(st["step"] + 1), f"{st[name]:.3g}", "n/a" if st["holdout_loss"] is None else f"{st['holdout_loss']:.6f}",
+             f"{st['objective']:.6f}", str(st["passes"]), f"{st['seconds']:.2f}", str(st["stop_reason"]),
+             "yes" if st["step"] == reg["chosen_step"] else ""] for st in reg["steps"]]
+    return ["<h2>Regularization path</h2>", "<p>" + html.escape(f"{name} = auto: {reg['rule']}. Chosen: {reg['value']:g}"
+            + (f" (the path stopped early: {reg['stop']})." if reg["stop"] != "end" else ".")) + "</p>",
+            _img("regularization_path", images["regularization_path"], f"held-out loss and objective against {name}"),
+            _grid(["step", name, "held-out loss", "objective", "passes", "seconds", "stopped", "chosen"], rows)]
+
+
 def _roc_plot(c: dict, auroc: float) -> bytes:
     fig, ax = plt.subplots(figsize=(4.2, 4.2))
     ax.plot(c["fpr"], c["tpr"], label=f"auROC {auroc:.4f}")
@@ -160,6 +199,8 @@ def build_report(model_dir: str, eval_json: str | None = None, out_dir: str | No
         "objective_by_time": _curve_plot(h, "time"),
         "rank_timings": _timings_plot(h),
     }
+    if meta.get("regularization"):
+        images["regularization_path"] = _path_plot(meta["regularization"])
     measured = [r for r in meta["per_rank"] if r.get("memory")]
     if measured:
         images["memory"] = _memory_plot(sorted(measured, key=lambda r: r["rank"]), meta.get("memory_estimate") or {})
@@ -239,7 +280,8 @@ def _html(meta: dict, metrics: dict | None, images: dict[str, bytes]) -> str:
     t = meta["config"]["train"]
     d = meta["data"]
     summary = [
-        ("solver", f"{t['solver']} ({len(meta['per_rank'])} workers), loss {t['loss']}, l2 {t['l2']:g}"
+        ("solver", f"{t['solver']} ({len(meta['per_rank'])} workers), loss {t['loss']}, l2 "
+                   + (f"auto: {meta['regularization']['value']:g}" if meta.get("regularization") else f"{t['l2']:g}")
                    + (f", l1 {t['l1']:g}" if t.get("l1") else "")),
         *([("weights", f"{w['nonzeros']:,} non-zero of {w['length']:,} (stored {w['storage']})")]
           if (w := meta.get("weights")) else []),
@@ -261,6 +303,7 @@ def _html(meta: dict, metrics: dict | None, images: dict[str, bytes]) -> str:
         _table(summary), "<h2>Convergence</h2>",
         _img("objective_by_pass", images["objective_by_pass"], "objective and held-out loss per pass"),
         _img("objective_by_time", images["objective_by_time"], "the same against elapsed time"),
+        *_path_section(meta, images),
         "<h2>Per-rank time per pass</h2>",
         _img("rank_timings", images["rank_timings"], "compute, stall (waiting for the slowest rank) and transfer seconds"),
         _table(ranks),

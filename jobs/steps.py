@@ -55,14 +55,36 @@ def train(cfg, data_dir: str, model_dir: str) -> dict:
     return run_train(get_spark(cfg.spark, cfg.train.threads), cfg, data_dir, model_dir)
 
 
+def l2_text(value) -> str:
+    """``train.l2`` for display: ``auto`` or the number."""
+    return value if isinstance(value, str) else f"{value:g}"
+
+
+def path_lines(meta: dict) -> list[str]:
+    """A regularization path (``train.l2 = auto``, solvers.regpath): one line per step, the chosen one marked."""
+    reg = meta.get("regularization")
+    if not reg:
+        return []
+    name = reg["penalty"]
+    out = [f"  {name} path            chose {reg['value']:g} (step {reg['chosen_step'] + 1} of {len(reg['steps'])}"
+           f"{', stopped: ' + reg['stop'] if reg['stop'] != 'end' else ''}) by held-out loss:"]
+    for st in reg["steps"]:
+        h = "n/a" if st["holdout_loss"] is None else f"{st['holdout_loss']:.6f}"
+        mark = " <-" if st["step"] == reg["chosen_step"] else ""
+        out.append(f"    {name} {st[name]:<9.3g} held-out {h}, objective {st['objective']:.6f}, {st['passes']} passes, "
+                   f"{st['seconds']:.2f} s{mark}")
+    return out
+
+
 def train_summary(meta: dict) -> str:
     h = meta["history"]
     ranks = meta["per_rank"]
     held = [x for x in h if x.get("holdout_loss") is not None]
     best = min(held, key=lambda x: x["holdout_loss"]) if held else None
     return "\n".join([
-        f"  solver             {meta['config']['train']['solver']} ({len(ranks)} workers), loss {meta['config']['train']['loss']}, l2 {meta['config']['train']['l2']:g}"
+        f"  solver             {meta['config']['train']['solver']} ({len(ranks)} workers), loss {meta['config']['train']['loss']}, l2 {l2_text(meta['config']['train']['l2'])}"
         + (f", l1 {l1:g}" if (l1 := meta["config"]["train"].get("l1")) else ""),
+        *path_lines(meta),
         f"  rows               {meta['data']['train_rows']:,} train + {meta['data']['holdout_rows']:,} held out"
         + (f" (negatives kept at rate {r:g}, weighted 1/{r:g})" if (r := meta["data"].get("negative_rate", 1.0)) < 1 else ""),
         f"  passes             {len(h)} (stopped: {meta.get('stop_reason') or 'n/a'}); objective {meta['objective']:.6f} at the returned weights"

@@ -245,7 +245,7 @@ def _train(ctx, spec: TaskSpec, cache: ShardCache | None) -> dict:
         out.update({
             "weights": weights,
             "history": result.history, "intercept": float(result.intercept), "objective": float(result.objective),
-            "stop_reason": result.stop_reason,
+            "stop_reason": result.stop_reason, "regularization": result.path,
             "totals": {"train_rows": int(counts[0]), "train_nnz": int(counts[1]), "holdout_rows": int(counts[2]),
                        "csr_bytes": int(counts[3])},
         })

@@ -23,6 +23,7 @@ from terascale.solvers.data import NO_GROUP, CSRData
 from terascale.solvers.errors import NonFiniteInputError
 from terascale.solvers.objective import DistributedObjective
 from terascale.solvers.params import SolverParams
+from terascale.solvers.regpath import auto_penalty, train_path
 from terascale.solvers.run import TrainResult, TrainRun, rows_reporter
 from terascale.solvers.setup import AgreeingCommunicator, Inputs
 from terascale.solvers.state import check_resume
@@ -56,29 +57,45 @@ def train(data: CSRData, comm: Communicator, params: SolverParams | None = None,
     the pool is made here and shut down when ``train`` returns); CoCoA's local solver uses its
     own T threads. T = 1 runs on the calling thread.
 
+    ``params.l2 = "auto"``: a regularization path (:mod:`solvers.regpath`): one fit per λ of a
+    decreasing path, each warm-started from the one before, and the result of the λ with the
+    best held-out loss, with the path in :attr:`TrainResult.path`; it needs ``holdout``.
+
     No collective happens before the first pass over the data is done (the input agreement
     rides on the first collective). Raises InvalidInputError / NonFiniteInputError for bad
     inputs and DivergenceError for a non-finite loss or weights, on every rank.
     """
     params = params or SolverParams()
     spec = solver_spec(params.solver)
-    solve = spec.function()
     if resume is not None:
         (spec.check_resume or check_resume)(resume, params, data.n_features)
     theta0 = None if init is None or resume is not None else _initial_theta(init, data.n_features)
     _check_groups(groups, data.n_features)
-    inputs = Inputs(comm.rank, data, holdout, params.loss, consume_data)
+    path = auto_penalty(params)
+    # a path fits several times over the same rows: L-BFGS may not renumber them in place
+    inputs = Inputs(comm.rank, data, holdout, params.loss, consume_data and path is None)
     solver_comm = AgreeingCommunicator(comm, inputs)
     if inputs.problem is not None:
         inputs.agree(comm)  # raises here, and on every other rank at its first collective
+    if path is not None:
+        return train_path(path, solve, inputs, solver_comm, params, on_pass_end, resume, progress, theta0, groups)
+    return solve(inputs, solver_comm, params, on_pass_end, resume, progress, theta0, groups)
+
+
+def solve(inputs: Inputs, comm: AgreeingCommunicator, params: SolverParams,
+          on_pass_end: Callable[[dict], Any] | None, resume: dict | None,
+          progress: Callable[[int, int], Any] | None, theta0: np.ndarray | None,
+          groups: np.ndarray | None) -> TrainResult:
+    """One fit of the catalogue's solver over validated inputs (the second half of
+    :func:`train`; a regularization path, :mod:`solvers.regpath`, calls it once per λ)."""
     loss_id = loss_spec(params.loss).id
     with RowThreads(params.threads) as threads:  # the pool lives for the run (solvers.threads)
-        tracker = PassTracker(solver_comm, inputs, loss_id, params.early_stop_passes, resume, threads)
+        tracker = PassTracker(comm, inputs, loss_id, params.early_stop_passes, resume, threads)
         on_rows = rows_reporter(progress, tracker)
-        objective = DistributedObjective(inputs, solver_comm, loss_id, params.l2, on_rows, threads, params.l1)
-        run = TrainRun(solver_comm, params, inputs, loss_id, objective, tracker, on_pass_end, resume,
+        objective = DistributedObjective(inputs, comm, loss_id, params.l2, on_rows, threads, params.l1)
+        run = TrainRun(comm, params, inputs, loss_id, objective, tracker, on_pass_end, resume,
                        on_rows, theta0, groups, threads)
-        return solve(run)
+        return solver_spec(params.solver).function()(run)
 
 
 def _initial_theta(init: tuple[np.ndarray, float], n_features: int) -> np.ndarray:

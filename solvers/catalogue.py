@@ -38,7 +38,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from terascale.solvers.constraints import ConfigError, Interval, OneOf, OneOfLive, error, param
+from terascale.solvers.constraints import (
+    AutoOr,
+    ConfigError,
+    Interval,
+    OneOf,
+    OneOfLive,
+    error,
+    param,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Losses. The ids are module constants so numba kernels can branch on them as literals.
@@ -120,7 +128,10 @@ class _Declarations:
                         OneOfLive(_registered, "registered solvers"))
     loss: str = param("logistic", "logistic (labels 0/1), squared (real labels), hinge and squared_hinge "
                       "(labels 0/1 as -1/+1)", OneOf(tuple(LOSSES)))
-    l2: float = param(1e-6, "lambda of the mean-form objective (1/sum w) sum w*loss + lambda/2 |beta|^2", Interval(0, None))
+    l2: float = param("auto", "lambda of the mean-form objective (1/sum w) sum w*loss + lambda/2 |beta|^2; auto = "
+                      "fit a decreasing path of 8 values from 1e-4 to 1e-8 in one run, each warm-started from the one "
+                      "before, and keep the one with the best held-out loss (solvers.regpath; needs held-out rows and "
+                      "a solver with a path: hybrid or lbfgs)", AutoOr(Interval(0, None)))
     l1: float = param(0.0, "lambda_1 of the L1 penalty lambda_1 |beta|_1 added to the objective (elastic net with l2; "
                       "b unpenalized): > 0 makes the L-BFGS phase OWL-QN and the online passes shrink weights to 0 "
                       "(truncated gradient), so the model is sparse; not with cocoa", Interval(0, None))
@@ -190,7 +201,9 @@ class SolverSpec:
     ("online": the AdaGrad table and averaging vectors; "lbfgs": the L-BFGS pairs, vectors and
     local table; "cocoa": the shared and dual vectors), which the memory preflight accounts.
     ``checkpoint``: "replicated" (the same state on every rank, one checkpoint) or "per_rank"
-    (each rank its own dual variables).
+    (each rank its own dual variables). ``path``: it can fit a regularization path
+    (``train.l2 = auto``, :mod:`terascale.solvers.regpath`): it warm-starts from ``init``, applies
+    the penalty in every step and scores the held-out split.
     ``check(params)``: cross-checks between keys, raising ConfigError (run on the driver before
     Spark starts). ``check_resume(state, params, n_features)``: replaces the default check of a
     resume state. ``objective_note``: how its objective differs from the catalogue's one, or ''.
@@ -208,6 +221,7 @@ class SolverSpec:
     check: Callable[[Any], None] | None = None
     check_resume: Callable[..., None] | None = None
     objective_note: str = ""
+    path: bool = False
 
     def function(self) -> Callable[[Any], Any]:
         if callable(self.entry):
@@ -225,7 +239,7 @@ def _check_cocoa(p: Any) -> None:
     if p.l1 > 0:
         raise error("train.l1", p.l1, "0 with train.solver = 'cocoa' (its dual has no L1 term); use hybrid, lbfgs "
                     "or online for an L1 or elastic-net model")
-    if p.l2 <= 0:
+    if p.l2 != "auto" and p.l2 <= 0:
         raise error("train.l2", p.l2, "> 0 with train.solver = 'cocoa' (its dual needs a positive penalty)")
     if p.formulation == "primal" and p.loss != "squared":
         raise ConfigError(f"train.formulation = 'primal': needs train.loss = 'squared' (got {p.loss!r}); "
@@ -267,20 +281,25 @@ def solver_spec(name: str) -> SolverSpec:
 
 def check_solver_params(p: Any) -> None:
     """The cross-checks of ``p`` (SolverParams): the solver exists, supports the loss and the
-    device, and its own checks pass. One error format (:mod:`terascale.solvers.constraints`)."""
+    device, its own checks pass, and `l2 = auto` has a solver that fits a path. One error format (:mod:`terascale.solvers.constraints`)."""
     spec = solver_spec(p.solver)
     if p.loss not in spec.losses:
         raise error("train.loss", p.loss, f"one of {', '.join(repr(n) for n in spec.losses)} with "
                     f"train.solver = {spec.name!r}")
     if spec.check is not None:
         spec.check(p)
+    if p.l2 == "auto" and not spec.path:
+        raise error("train.l2", p.l2, f"a number with train.solver = {spec.name!r}: 'auto' fits a regularization "
+                    "path, which needs a solver that can (" + ", ".join(repr(n) for n, s in SOLVERS.items() if s.path)
+                    + ")")
 
 
 register_solver(SolverSpec(
     "hybrid", "terascale.solvers.hybrid:train_hybrid",
     "online AdaGrad pass(es) on every rank, per-coordinate weighted average, then L-BFGS (OWL-QN when l1 > 0) "
     "warm-started from it",
-    COMMON + ("online_passes",) + ONLINE + LBFGS, _PRIMAL_LOSSES, phases=("online", "lbfgs"), check=_check_hybrid))
+    COMMON + ("online_passes",) + ONLINE + LBFGS, _PRIMAL_LOSSES, phases=("online", "lbfgs"), check=_check_hybrid,
+    path=True))
 register_solver(SolverSpec(
     "online", "terascale.solvers.online:train_online",
     "online AdaGrad passes with a per-coordinate weighted average across ranks after each",
@@ -288,7 +307,7 @@ register_solver(SolverSpec(
 register_solver(SolverSpec(
     "lbfgs", "terascale.solvers.lbfgs:train_lbfgs",
     "distributed L-BFGS from zero with a Jacobi (+ field-level coarse) preconditioner (OWL-QN when l1 > 0)",
-    COMMON + LBFGS, _PRIMAL_LOSSES, phases=("lbfgs",)))
+    COMMON + LBFGS, _PRIMAL_LOSSES, phases=("lbfgs",), path=True))
 register_solver(SolverSpec(
     "cocoa", "terascale.solvers.cocoa_solver:solve_cocoa",
     "stochastic (dual) coordinate descent on every rank, CoCoA aggregation of the updates",

@@ -59,6 +59,37 @@ class Interval:
 
 
 @dataclass(frozen=True)
+class AutoOr:
+    """The word ``auto`` (the value is chosen when the job runs, e.g. ``train.l2 = auto``: a
+    regularization path, :mod:`terascale.solvers.regpath`) or a value ``inner`` accepts.
+    :meth:`parse` turns a raw ``--set`` string or a YAML value into ``"auto"`` or a float."""
+
+    inner: Interval
+    word: str = "auto"
+
+    def ok(self, v: Any) -> bool:
+        return v == self.word or self.inner.ok(v)
+
+    def describe(self) -> str:
+        return f"{self.word!r} or {self.inner.describe()}"
+
+    def parse(self, value: Any, raw: bool) -> Any:
+        """``value`` as the field holds it (``raw``: a ``--set`` string; a YAML value otherwise);
+        a value that is neither stays as it is, and the check then names it."""
+        if isinstance(value, str):  # from --set, or YAML's 1e-6 (a string to YAML 1.1)
+            text = value.strip()
+            if text.lower() == self.word:
+                return self.word
+            try:
+                return float(text)
+            except ValueError:
+                return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        return value
+
+
+@dataclass(frozen=True)
 class OneOf:
     options: tuple[Any, ...]
 

@@ -48,6 +48,7 @@ class TrainResult:
     objective: float  # mean-form training objective at (weights, intercept) over all ranks
     stop_reason: str = ""  # "max_passes", "converged_grad", "converged_objective", "early_stop", ...
     passes: int = 0  # passes completed (online passes + L-BFGS iterations)
+    path: dict | None = None  # a regularization path's record (solvers.regpath), else None
 
 
 @dataclass

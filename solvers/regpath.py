@@ -1,0 +1,301 @@
+"""Automatic regularization: a path over a named penalty, chosen on the held-out split.
+
+``train.l2 = auto`` fits, in one run, one model per value of a decreasing path
+
+    λ_k = λ_first · (λ_last / λ_first)^(k / (n − 1)),   k = 0 … n − 1,
+
+with λ_first = 1e-4, λ_last = 1e-8 and n = 8 for ``l2`` (``numpy.logspace(-4, -8, 8)``; the
+values are the same for every dataset). They are stated for the mean-form objective with feature
+values of order 1, which hashed tokens have (value 1): the penalty then shrinks a feature seen
+in a fraction φ of the rows by about a factor 1/(1 + λ/(φ·p(1−p))), so the path runs from
+"features seen in fewer than ~1 row in 10^4 barely count" to "only features seen in fewer than
+~1 row in 10^8 are shrunk", which spans click logs from 10^4 to 10^9 rows. Data with other
+value scales (LibSVM files) should be scaled to values of order 1 (max-abs) or given a number.
+The path is fixed rather than derived from the data because every rank must know λ_0 before
+its first collective, which by design comes only after the first pass over the data
+(speculative execution, :mod:`solvers.setup`).
+
+**Each step.** Step 0 runs the configured solver (the hybrid: its online pass(es), then L-BFGS)
+with λ_0, from the run's initial weights. Step k > 0 runs L-BFGS with λ_k (the hybrid's last
+phase; the ``lbfgs`` solver itself), warm-started from step k − 1's returned weights. Every step
+has the solver's whole budget (``passes``, the hybrid's online passes included in step 0) and
+its own early stopping (``early_stop_passes``), so a step returns exactly what a separate run
+with that λ from those weights would: the weights of its best held-out pass under early
+stopping, else its last. The step's held-out loss is that model's (the tracker's number, an
+AllReduce result, so the same bits on every rank).
+
+**The choice.** The step with the smallest held-out loss; a tie goes to the earlier step (the
+larger λ). The path stops early once ``PATIENCE`` = 2 steps in a row after the best are not
+better (held-out loss is usually unimodal in λ; later steps would only cost time). The result
+is the chosen step's model, its objective f at its λ, and its stop reason; ``history`` holds
+every step's passes numbered on from the step before (each entry also carries the step and its
+λ), and :attr:`TrainResult.path` the record::
+
+    {"penalty": "l2", "value": λ*, "chosen_step": k*, "rule": "...", "stop": "end" | "patience",
+     "steps": [{"step", "l2", "objective", "holdout_loss", "passes", "seconds", "stop_reason",
+                "best_pass"}, ...]}
+
+**Held-out rows are required.** With none on any rank the run stops after its first pass with
+InvalidInputError on every rank (the job refuses ``train.holdout_period = 0`` with ``auto``
+before it starts: a user who switched the split off gets an error naming both keys rather than
+a split turned back on behind their back).
+
+**Checkpoints.** A checkpoint taken during step k is the inner solver's state with the pass
+numbers and history made global, plus ``path_step``, ``path_values``, ``path_records`` (the
+steps done), ``path_pass_offset``, ``path_time_offset``, ``path_step_stop`` (the inner stop
+reason) and the best model so far (``path_best_weights``, ``path_best_intercept``); its
+``stop_reason`` is set only when the path is over. Resuming from it continues step k on the
+same λ from that state, so a resumed run ends with the bits of an uninterrupted one.
+
+**Another penalty.** :data:`PATHS` maps a parameter name to its :class:`PathRule`; a penalty
+whose parameter accepts ``auto`` (``AutoOr`` in the catalogue) gets a path by adding a rule
+(for an L1 penalty, λ_first would come from the gradient at zero, ‖∇f(0)‖_∞, the smallest λ₁
+whose optimum is all zeros). At most one penalty is ``auto`` in a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from terascale.solvers.errors import InvalidInputError
+from terascale.solvers.run import TrainResult
+
+PATIENCE = 2
+#: the solver of the steps after the first (warm-started), by the run's solver
+WARM_SOLVER = {"hybrid": "lbfgs"}
+
+
+@dataclass(frozen=True)
+class PathRule:
+    """n values log-spaced from ``first`` down to ``last`` (see the module docstring)."""
+
+    penalty: str
+    first: float
+    last: float
+    n: int
+
+    def values(self) -> list[float]:
+        return [float(v) for v in np.logspace(math.log10(self.first), math.log10(self.last), self.n)]
+
+    def describe(self) -> str:
+        return (f"{self.n} values of {self.penalty} log-spaced from {self.first:g} down to {self.last:g}, each "
+                f"warm-started from the one before; the smallest held-out loss wins (ties: the larger value); "
+                f"stops after {PATIENCE} steps in a row worse than the best")
+
+
+PATHS: dict[str, PathRule] = {"l2": PathRule("l2", 1e-4, 1e-8, 8)}
+
+
+def auto_penalty(params: Any) -> str | None:
+    """The name of the penalty ``params`` sets to ``auto``, or None."""
+    for name in PATHS:
+        if getattr(params, name, None) == "auto":
+            return name
+    return None
+
+
+def path_passes(params: Any) -> int:
+    """The most passes a run with ``params`` may make (a path: every step's budget)."""
+    name = auto_penalty(params)
+    return params.passes * (PATHS[name].n if name else 1)
+
+
+def effective_l2(meta: dict) -> float:
+    """The λ of a model directory's metadata: the path's choice, else the configured number."""
+    reg = meta.get("regularization") or {}
+    if reg.get("penalty") == "l2":
+        return float(reg["value"])
+    return float(meta["config"]["train"]["l2"])
+
+
+def step_params(params: Any, penalty: str, step: int, value: float) -> Any:
+    """The concrete parameters of step ``step``: the penalty set to ``value``; after step 0 the
+    warm-started solver (:data:`WARM_SOLVER`)."""
+    changes: dict[str, Any] = {penalty: value}
+    if step > 0:
+        changes["solver"] = WARM_SOLVER.get(params.solver, params.solver)
+    return dataclasses.replace(params, **changes)
+
+
+def step_holdout(history: list[dict], early_stopping: bool) -> tuple[float | None, int]:
+    """(held-out loss of the weights a step returned, their pass in ``history``): the best
+    pass's (the first minimum) under early stopping, else the last one's; (None, 0) without."""
+    if not history or history[-1].get("holdout_loss") is None:
+        return None, 0
+    if not early_stopping:
+        return float(history[-1]["holdout_loss"]), int(history[-1]["pass"])
+    best = min(range(len(history)), key=lambda i: (history[i]["holdout_loss"], i))
+    return float(history[best]["holdout_loss"]), int(history[best]["pass"])
+
+
+def choose(records: list[dict]) -> int:
+    """Index of the record with the smallest held-out loss (ties: the earliest, larger λ; 0 if
+    none has one)."""
+    best = None
+    for i, r in enumerate(records):
+        h = r.get("holdout_loss")
+        if h is not None and (best is None or h < records[best]["holdout_loss"]):
+            best = i
+    return 0 if best is None else best
+
+
+def path_over(records: list[dict], n: int) -> str | None:
+    """"end" after the last step, "patience" after PATIENCE steps worse than the best, else None."""
+    if len(records) >= n:
+        return "end"
+    if len(records) - 1 - choose(records) >= PATIENCE:
+        return "patience"
+    return None
+
+
+def _global(e: dict, penalty: str, step: int, value: float, pass_off: int, time_off: float) -> dict:
+    out = dict(e)
+    out.update({"pass": e["pass"] + pass_off, "elapsed_s": e["elapsed_s"] + time_off,
+                "elapsed_all_s": e["elapsed_all_s"] + time_off, "path_step": step, penalty: value,
+                "step_pass": e["pass"], "step_elapsed_s": e["elapsed_s"], "step_elapsed_all_s": e["elapsed_all_s"]})
+    return out
+
+
+def _local(e: dict, penalty: str) -> dict:
+    out = {k: v for k, v in e.items() if k not in ("path_step", penalty, "step_pass", "step_elapsed_s",
+                                                    "step_elapsed_all_s")}
+    out.update({"pass": e["step_pass"], "elapsed_s": e["step_elapsed_s"], "elapsed_all_s": e["step_elapsed_all_s"]})
+    return out
+
+
+@dataclass
+class _Path:
+    """The path's progress: what a checkpoint keeps besides the step's own state."""
+
+    penalty: str
+    values: list[float]
+    step: int = 0
+    records: list[dict] = dataclasses.field(default_factory=list)
+    history: list[dict] = dataclasses.field(default_factory=list)  # the steps done, global numbering
+    pass_offset: int = 0
+    time_offset: float = 0.0
+    best_weights: np.ndarray | None = None  # float32, the best step's so far
+    best_intercept: float = 0.0
+
+    def keys(self) -> dict[str, Any]:
+        return {"path_step": self.step, "path_values": list(self.values),
+                "path_records": [dict(r) for r in self.records], "path_pass_offset": self.pass_offset,
+                "path_time_offset": self.time_offset, "path_best_weights": self.best_weights,
+                "path_best_intercept": self.best_intercept}
+
+    @classmethod
+    def restore(cls, penalty: str, values: list[float], saved: dict) -> tuple[_Path, dict]:
+        """(the path, the step's own state) of a checkpoint written by a path."""
+        if "path_step" not in saved:
+            raise ValueError(f"resume state: written by a run with one {penalty}, not a path ({penalty} = auto)")
+        if [float(v) for v in saved["path_values"]] != values:
+            raise ValueError(f"resume state: path_values = {saved['path_values']} differ from this run's {values}")
+        step = int(saved["path_step"])
+        best = saved.get("path_best_weights")
+        path = cls(penalty, values, step, [dict(r) for r in saved["path_records"]],
+                   [dict(e) for e in saved["history"] if e["path_step"] < step], int(saved["path_pass_offset"]),
+                   float(saved["path_time_offset"]),
+                   None if best is None else np.asarray(best, dtype=np.float32), float(saved["path_best_intercept"]))
+        inner = {k: v for k, v in saved.items() if not k.startswith("path_")}
+        inner["history"] = [_local(e, penalty) for e in saved["history"] if e["path_step"] == step]
+        inner["pass"] = len(inner["history"])
+        inner["elapsed_s"] = inner["history"][-1]["elapsed_s"] if inner["history"] else 0.0
+        inner["stop_reason"] = saved["path_step_stop"]
+        return path, inner
+
+
+def train_path(penalty: str, fit: Callable[..., TrainResult], inputs: Any, comm: Any, params: Any,
+               on_pass_end: Callable[[dict], Any] | None, resume: dict | None,
+               progress: Callable[[int, int], Any] | None, theta0: np.ndarray | None,
+               groups: np.ndarray | None) -> TrainResult:
+    """The path of ``penalty`` (module docstring). ``fit(inputs, comm, params, on_pass_end,
+    resume, progress, theta0, groups) -> TrainResult`` is one fit (``solvers.api.solve``) over the
+    validated ``inputs``; the rest are :func:`solvers.api.train`'s arguments."""
+    rule = PATHS[penalty]
+    values = rule.values()
+    early = params.early_stop_passes > 0
+    if resume is not None:
+        path, inner = _Path.restore(penalty, values, resume)
+    else:
+        path, inner = _Path(penalty, values), None
+    init = theta0
+    while True:
+        k, value = path.step, values[path.step]
+        p_k = step_params(params, penalty, k, value)
+        res = fit(inputs, comm, p_k, _checkpointer(path, params, inputs, on_pass_end, early),
+                  inner, _progress(progress, path.pass_offset), init, groups)
+        inner = None
+        local = res.history  # the step's own passes, numbered from 1
+        holdout, best_pass = step_holdout(local, early)
+        path.records.append({
+            "step": k, penalty: value, "objective": res.objective, "holdout_loss": holdout,
+            "passes": len(local), "seconds": local[-1]["elapsed_s"] if local else 0.0,
+            "stop_reason": res.stop_reason, "best_pass": best_pass + path.pass_offset,
+        })
+        path.history += [_global(e, penalty, k, value, path.pass_offset, path.time_offset) for e in local]
+        if choose(path.records) == k:
+            path.best_weights, path.best_intercept = res.weights, res.intercept
+        stop = path_over(path.records, len(values))
+        if stop is not None:
+            return _result(path, rule, stop)
+        path.pass_offset += len(local)
+        path.time_offset = path.history[-1]["elapsed_s"] if path.history else path.time_offset
+        path.step += 1
+        init = np.append(res.weights.astype(np.float64), res.intercept)
+
+
+def _result(path: _Path, rule: PathRule, stop: str) -> TrainResult:
+    chosen = choose(path.records)
+    best = path.records[chosen]
+    record = {"penalty": path.penalty, "value": best[path.penalty], "chosen_step": chosen,
+              "rule": rule.describe(), "stop": stop, "steps": [dict(r) for r in path.records]}
+    return TrainResult(weights=np.asarray(path.best_weights, dtype=np.float32).copy(),
+                       intercept=float(path.best_intercept), history=[dict(e) for e in path.history],
+                       objective=float(best["objective"]), stop_reason=best["stop_reason"],
+                       passes=len(path.history), path=record)
+
+
+def _progress(progress: Callable[[int, int], Any] | None, offset: int) -> Callable[[int, int], Any] | None:
+    if progress is None:
+        return None
+    return lambda pass_no, rows: progress(offset + pass_no, rows)
+
+
+def _checkpointer(path: _Path, params: Any, inputs: Any, on_pass_end: Callable[[dict], Any] | None,
+                  early: bool) -> Callable[[dict], None]:
+    """The step's ``on_pass_end``: checks that held-out rows exist (after the first pass, when
+    every rank knows their total), then hands the caller the state made global."""
+    k, value, penalty = path.step, path.values[path.step], path.penalty
+
+    def on_end(state: dict) -> None:
+        if not inputs.holdout_weight > 0.0:
+            raise InvalidInputError(
+                f"train.{penalty} = 'auto' chooses {penalty} by the held-out loss, and no rank has held-out rows: "
+                "give train() held-out data (in the train job: train.holdout_period > 1), or set "
+                f"train.{penalty} to a number")
+        if on_pass_end is None:
+            return
+        out = dict(state)
+        local = state["history"]
+        out["params"] = params.to_json()
+        out["history"] = path.history + [_global(e, penalty, k, value, path.pass_offset, path.time_offset)
+                                         for e in local]
+        out["pass"] = len(out["history"])
+        out["elapsed_s"] = out["history"][-1]["elapsed_s"] if local else path.time_offset
+        out.update(path.keys())
+        out["path_step_stop"] = state["stop_reason"]
+        out["stop_reason"] = None
+        if state["stop_reason"] is not None:  # the step's last pass: is it the path's?
+            holdout, _ = step_holdout(local, early)
+            done = path_over([*path.records, {"holdout_loss": holdout}], len(path.values))
+            if done is not None:
+                out["stop_reason"] = state["stop_reason"]
+        on_pass_end(out)
+
+    return on_end
