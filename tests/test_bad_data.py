@@ -22,7 +22,7 @@ from terascale.pipeline.spark_featurize import EmptyInputError, run_featurize
 from terascale.pipeline.spec import MAX_BITS, FeatureSpec
 from terascale.pipeline.verify import DataFileError, read_row_groups
 
-QUICK = ["train.solver=online", "train.passes=1", "train.workers=2", "train.holdout_period=0",
+QUICK = ["train.solver=online", "train.l2=1e-6", "train.passes=1", "train.workers=2", "train.holdout_period=0",
          "spark.master=local[2]"]
 
 

@@ -183,7 +183,7 @@ def test_a_checkpoint_that_does_not_fit_the_run_is_a_checkpoint_error(tmp_path):
     from tests.solvers.helpers import keep, planted_problem, train_local
 
     data = planted_problem(n=200, d=20)
-    params = SolverParams(solver="online", passes=2)
+    params = SolverParams(solver="online", l2=1e-6, passes=2)
     states = []
     train_local(data, params, on_pass_end=keep(states))
     d = str(tmp_path / "ck")

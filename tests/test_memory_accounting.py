@@ -114,7 +114,8 @@ def dataset(spark, tmp_path_factory):
 @pytest.mark.spark
 def test_a_train_job_records_prints_and_reports_each_ranks_memory(spark, dataset, tmp_path, capsys):
     model = tmp_path / "m"
-    sets = ["train.solver=hybrid", "train.workers=2", "train.passes=3", "train.holdout_period=10", "spark.master=local[2]"]
+    sets = ["train.solver=hybrid", "train.l2=1e-6", "train.workers=2", "train.passes=3", "train.holdout_period=10",
+            "spark.master=local[2]"]
     assert main(["train", "--input", str(dataset), "--model", str(model), *[x for s in sets for x in ("--set", s)]]) == 0
     meta = json.loads((model / "metadata.json").read_text())
     est = meta["memory_estimate"]

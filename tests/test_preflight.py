@@ -31,7 +31,7 @@ GIB = 1 << 30
 
 
 def _train(*sets):
-    return load_config([], list(sets)).train
+    return load_config([], ["train.l2=1e-6", *sets]).train  # l2 pinned: these tests are about other things than train.l2 = auto
 
 
 def test_estimate_exact_for_every_solver():
@@ -117,7 +117,7 @@ def tiny(spark, tmp_path_factory):
 def test_2_to_the_30_features_are_refused_before_any_spark_job(spark, tiny, tmp_path, capsys):
     sc = spark.sparkContext
     jobs_before = len(sc.statusTracker().getJobIdsForGroup(None))
-    sets = ["train.workers=2", "train.rank_memory_mb=16384", "spark.master=local[2]"]
+    sets = ["train.workers=2", "train.l2=1e-6", "train.rank_memory_mb=16384", "spark.master=local[2]"]
     with pytest.raises(PreflightError) as e:
         run_train(spark, load_config([], sets), str(tiny / "b30"), str(tmp_path / "m"))
     m = read_manifest(str(tiny / "b30"))
@@ -136,7 +136,7 @@ def test_2_to_the_30_features_are_refused_before_any_spark_job(spark, tiny, tmp_
 
 @pytest.mark.spark
 def test_a_normal_run_passes_and_records_its_estimate(spark, tiny, tmp_path):
-    sets = ["train.workers=2", "train.passes=2", "train.holdout_period=0", "spark.master=local[2]"]
+    sets = ["train.workers=2", "train.l2=1e-6", "train.passes=2", "train.holdout_period=0", "spark.master=local[2]"]
     meta = run_train(spark, load_config([], sets), str(tiny / "b12"), str(tmp_path / "m"))
     est = meta["memory_estimate"]
     m = read_manifest(str(tiny / "b12"))

@@ -23,7 +23,7 @@ from terascale.pipeline.spec import FeatureSpec
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 0.5
 SPEC = FeatureSpec(fields=CRITEO_FIELDS, bits=16, seed=7, conjunctions=(("C6", "C9"),))
-TRAIN = ["train.workers=1", "train.passes=3", "train.holdout_period=0", "train.early_stop_passes=0",
+TRAIN = ["train.workers=1", "train.passes=3", "train.holdout_period=0", "train.early_stop_passes=0", "train.l2=1e-6",
          "spark.master=local[2]"]
 
 

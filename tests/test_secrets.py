@@ -53,7 +53,7 @@ def test_no_secret_reaches_a_log_or_a_file(tmp_path):
         "spark:\n  master: 'local[2]'\n  log_level: INFO\n"
         f"  conf: {_yaml_map({**plain, **MARKERS})}\n"
         "featurize: {bits: 14, partitions: 2}\n"
-        "train: {passes: 3, solver: hybrid, checkpoint_interval_s: 0, holdout_period: 0, progress: log}\n"
+        "train: {passes: 3, solver: hybrid, l2: 1.0e-6, checkpoint_interval_s: 0, holdout_period: 0, progress: log}\n"
     )
     keys_file = logs / "attempt_keys.txt"
     # Spark's log4j output at INFO into logs/spark.log: a pyspark JVM filters its console down to

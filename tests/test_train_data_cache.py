@@ -29,7 +29,7 @@ def data(spark, tmp_path_factory):
 
 
 def _cfg(*sets):
-    return load_config([], ["train.workers=2", "spark.master=local[2]", *sets])
+    return load_config([], ["train.workers=2", "train.l2=1e-6", "spark.master=local[2]", *sets])  # l2 pinned: these tests are about other things than train.l2 = auto
 
 
 def _disk(tmp_path) -> list[str]:

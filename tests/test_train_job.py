@@ -41,7 +41,7 @@ def data(spark, tmp_path_factory):
 
 
 def _cfg(*sets):
-    return load_config([], list(sets))
+    return load_config([], ["train.l2=1e-6", *sets])  # l2 pinned: these tests are about other things than train.l2 = auto
 
 
 def test_k1_and_k2_reach_the_same_optimum_and_write_a_complete_model(spark, data, tmp_path):

@@ -25,7 +25,7 @@ from tests.cluster.standalone import Dist, StandaloneCluster, spark_submit, wait
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.spark]
 
 DIST = os.environ.get("TERASCALE_DIST", "")
-TRAIN = ["--set", "train.workers=2", "--set", "train.spares=0", "--set", "train.passes=8",
+TRAIN = ["--set", "train.workers=2", "--set", "train.spares=0", "--set", "train.passes=8", "--set", "train.l2=1e-6",
          "--set", "train.checkpoint_interval_s=0"]
 
 

@@ -36,7 +36,7 @@ def small_chunks(monkeypatch):
 def test_no_collective_before_the_first_pass_is_done(small_chunks, solver):
     data = planted_problem(n=200, d=10, seed=81)
     events = []
-    train(data, RecordingCommunicator(events), SolverParams(solver=solver, passes=3),
+    train(data, RecordingCommunicator(events), SolverParams(solver=solver, l2=1e-6, passes=3),
           progress=lambda p, rows: events.append(("progress", p, rows)))
     first = events.index(("collective",))
     assert events[first - 1] == ("progress", 1, 200)
@@ -76,7 +76,7 @@ def test_warm_start():
     assert again.passes < opt.passes / 2
     assert again.objective == pytest.approx(opt.objective, rel=1e-9)
     states = []
-    train_local(data, SolverParams(solver="online", passes=1), init=(opt.weights, opt.intercept),
+    train_local(data, SolverParams(solver="online", l2=1e-6, passes=1), init=(opt.weights, opt.intercept),
                 on_pass_end=keep(states))
     # one online pass from the optimum stays close to it
     np.testing.assert_allclose(states[0]["weights"], opt.weights, atol=0.3)
@@ -93,6 +93,6 @@ def test_warm_start_is_checked():
 def test_params_round_trip_and_defaults():
     p = SolverParams()
     assert (p.solver, p.loss, p.l2, p.passes, p.online_passes, p.learning_rate, p.lbfgs_memory,
-            p.tol, p.early_stop_passes, p.seed) == ("hybrid", "logistic", 1e-6, 20, 1, 0.5, 15,
+            p.tol, p.early_stop_passes, p.seed) == ("hybrid", "logistic", "auto", 20, 1, 0.5, 15,
                                                     1e-7, 3, 0)
     assert SolverParams.from_json(p.to_json()) == p

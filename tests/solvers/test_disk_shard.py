@@ -126,14 +126,14 @@ def test_the_input_checks_find_the_same_problems_in_a_file_backed_shard(tmp_path
         assert disk.chunk_rows == 17
         for shard in (d, disk):
             with pytest.raises(err, match=msg):
-                train_local(shard, SolverParams(solver="online", passes=1))
+                train_local(shard, SolverParams(solver="online", l2=1e-6, passes=1))
 
 
 def test_a_shuffled_pass_over_a_file_backed_shard_is_refused(tmp_path):
     data = planted_problem(n=200, d=10, seed=71)
     disk = cache_csr(data, str(tmp_path), CacheBudget(64 << 20))
     with pytest.raises(InvalidInputError, match="train.shuffle = true: a shuffled pass reads rows at random"):
-        train_local(disk, SolverParams(solver="online", passes=1, shuffle=True))
+        train_local(disk, SolverParams(solver="online", l2=1e-6, passes=1, shuffle=True))
 
 
 # A pass over a 160 MB shard with a 32 MiB budget in a process of its own: the resident bytes

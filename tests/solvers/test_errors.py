@@ -88,10 +88,10 @@ def test_absurd_learning_rate_diverges_with_a_clear_error():
     """Plain (non-invariant) steps: an exploding loss at 1e6, an overflowing squared gradient
     at 1e20 (adaptive steps move each weight by at most ~learning_rate per example)."""
     data = planted_problem(n=400, d=20, seed=48, loss="squared")
-    params = SolverParams(solver="online", loss="squared", learning_rate=1e6, invariant=False, passes=3)
+    params = SolverParams(solver="online", l2=1e-6, loss="squared", learning_rate=1e6, invariant=False, passes=3)
     with pytest.raises(DivergenceError, match=r"diverged in online pass 1 \(learning_rate = 1000000.0\): exploding loss"):
         train_local(data, params)
-    params = SolverParams(solver="online", loss="squared", learning_rate=1e20, invariant=False, passes=3)
+    params = SolverParams(solver="online", l2=1e-6, loss="squared", learning_rate=1e20, invariant=False, passes=3)
     with pytest.raises(DivergenceError, match=r"diverged in online pass 1 \(learning_rate = 1e\+20\): rank 0: non-finite update at row \d+"):
         train_local(data, params)
 
@@ -106,12 +106,12 @@ def test_divergence_raises_on_every_rank():
 
 def test_invariant_updates_do_not_diverge_with_the_same_learning_rate():
     data = planted_problem(n=400, d=20, seed=48, loss="squared")
-    res = train_local(data, SolverParams(solver="online", loss="squared", learning_rate=1e6, passes=3))
+    res = train_local(data, SolverParams(solver="online", l2=1e-6, loss="squared", learning_rate=1e6, passes=3))
     assert np.isfinite(res.weights).all() and np.isfinite(res.objective)
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"l2": -1.0}, r"train.l2 = -1.0: must be a finite number in \[0, inf\]"),
+    ({"l2": -1.0}, r"train.l2 = -1.0: must be 'auto' or a finite number in \[0, inf\]"),
     ({"l2": float("nan")}, r"train.l2 = nan"),
     ({"loss": "log"}, r"train.loss = 'log': must be one of 'logistic', 'squared', 'hinge', 'squared_hinge'"),
     ({"passes": 0}, r"train.passes = 0: must be an integer in \[1, 100000\]"),

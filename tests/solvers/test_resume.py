@@ -44,7 +44,7 @@ def _same(a, b):
 
 
 CASES = {
-    "online": SolverParams(solver="online", passes=5, shuffle=True, seed=7),
+    "online": SolverParams(solver="online", l2=1e-6, passes=5, shuffle=True, seed=7),
     "lbfgs": SolverParams(solver="lbfgs", l2=1e-3, passes=12),
     "hybrid": SolverParams(solver="hybrid", l2=1e-3, passes=10, online_passes=2),
     "hybrid_squared": SolverParams(solver="hybrid", loss="squared", l2=1e-2, passes=8),
@@ -95,7 +95,7 @@ def test_resume_on_k_ranks_recomputes_the_normalizers():
     """Non-binary values: each rank's s_j = max |x_j| is rebuilt from its own data."""
     data = planted_problem(n=300, d=20, seed=53)
     shards = split_rows(data, 2)
-    params = SolverParams(solver="online", passes=4)
+    params = SolverParams(solver="online", l2=1e-6, passes=4)
     states = []
     full = train_on_tree(shards, params, on_pass_end=keep(states))
     by_pass = {s["pass"]: s for s in states}  # states are the same on every rank
@@ -133,7 +133,7 @@ def test_states_are_live_views_and_copy_state_keeps_them():
         raw.append(state)
         kept.append(copy_state(state))
 
-    train_local(data, SolverParams(solver="online", passes=3), on_pass_end=both)
+    train_local(data, SolverParams(solver="online", l2=1e-6, passes=3), on_pass_end=both)
     assert kept[0]["weights"].tobytes() != kept[-1]["weights"].tobytes()
     assert kept[0]["G"].tobytes() != kept[-1]["G"].tobytes()
     assert raw[0]["G"].tobytes() == raw[-1]["G"].tobytes()  # views of the final live state

@@ -375,7 +375,7 @@ def test_hogwild_pass_sees_every_row_once(small_chunks):
         res, _ = _online(data, 3, 2, shuffle)
         assert np.isfinite(res.objective) and len(res.history) == 2
         states = []
-        train(data, LocalCommunicator(), SolverParams(solver="online", passes=1, threads=3, shuffle=shuffle),
+        train(data, LocalCommunicator(), SolverParams(solver="online", l2=1e-6, passes=1, threads=3, shuffle=shuffle),
               on_pass_end=states.append)
         assert states[0]["online_t"] == pytest.approx(total, rel=1e-12)
 
