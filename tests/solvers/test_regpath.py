@@ -1,0 +1,239 @@
+"""train.l2 = auto: the regularization path (solvers.regpath) picks the λ with the best held-out
+loss, is deterministic on every rank, resumes on the same λ, and refuses what it cannot do."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from terascale.allreduce.communicator import LocalCommunicator
+from terascale.solvers.api import SolverParams, train
+from terascale.solvers.constraints import ConfigError
+from terascale.solvers.data import CSRData
+from terascale.solvers.errors import InvalidInputError
+from terascale.solvers.regpath import PATHS, choose, path_over, step_holdout
+from terascale.solvers.state import copy_state
+from tests.allreduce.harness import run_tree
+from tests.solvers.helpers import (
+    TREE_NODE_KWARGS,
+    copy_data,
+    keep,
+    loss_np,
+    objective_np,
+    planted_problem,
+    row_slice,
+    split_rows,
+    train_local,
+    train_on_tree,
+)
+from tests.solvers.test_api import RecordingCommunicator
+
+LAMBDAS = PATHS["l2"].values()
+# converged fits: every λ reaches its optimum whatever it starts from
+CONVERGED = {"solver": "lbfgs", "l2": "auto", "early_stop_passes": 0, "tol": 1e-10, "passes": 300}
+
+
+def scaled_problem(c: float = 0.03, n: int = 3000, d: int = 300, seed: int = 11) -> tuple[CSRData, CSRData]:
+    """(training rows, held-out rows) of a planted problem whose feature values are scaled by c:
+    λ acts as λ/c², which puts the best held-out λ inside the path (about its 5th value)."""
+    data = planted_problem(n=n, d=d, density=0.03, seed=seed)
+    data = CSRData(data.indptr, data.indices, (data.values * c).astype(np.float32), data.labels, data.weights, d)
+    m = int(n * 0.8)
+    return row_slice(data, 0, m), row_slice(data, m, n)
+
+
+def holdout_logloss(hold: CSRData, weights: np.ndarray, intercept: float) -> float:
+    """numpy reference: the weighted mean logistic loss of a model on the held-out rows."""
+    x = hold.to_scipy()
+    m = x @ weights.astype(np.float64) + intercept
+    loss, _, _ = loss_np("logistic", m, hold.labels.astype(np.float64))
+    w = hold.weights.astype(np.float64)
+    return float(w @ loss / w.sum())
+
+
+def without_times(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in records]
+
+
+def numbers(history: list[dict]) -> list[dict]:
+    """A history without its wall-clock fields (the numbers a rerun must repeat bit for bit)."""
+    timing = ("elapsed_s", "elapsed_all_s", "compute_s", "stall_s", "transfer_s", "step_elapsed_s", "step_elapsed_all_s")
+    return [{k: v for k, v in e.items() if k not in timing} for e in history]
+
+
+def test_the_l2_path_rule():
+    assert LAMBDAS == [float(v) for v in np.logspace(-4, -8, 8)]
+    assert (LAMBDAS[0], LAMBDAS[-1], len(LAMBDAS)) == (1e-4, 1e-8, 8)
+    assert all(a > b for a, b in zip(LAMBDAS, LAMBDAS[1:], strict=False))
+
+
+def test_choice_ties_go_to_the_larger_lambda_and_the_path_stops_after_two_worse_steps():
+    recs = [{"holdout_loss": h} for h in (0.5, 0.4, 0.4, 0.45)]
+    assert choose(recs) == 1  # the tie with step 2 goes to the larger λ
+    assert path_over(recs[:3], 8) is None and path_over(recs, 8) == "patience"
+    assert choose([{"holdout_loss": None}, {"holdout_loss": 0.7}]) == 1
+    assert choose([{"holdout_loss": None}]) == 0
+    assert path_over([{"holdout_loss": 1.0 - i / 10} for i in range(8)], 8) == "end"
+    h = [{"pass": 1, "holdout_loss": 0.5}, {"pass": 2, "holdout_loss": 0.3}, {"pass": 3, "holdout_loss": 0.3},
+         {"pass": 4, "holdout_loss": 0.4}]
+    assert step_holdout(h, early_stopping=True) == (0.3, 2)  # the first best pass, as the tracker keeps it
+    assert step_holdout(h, early_stopping=False) == (0.4, 4)
+    assert step_holdout([{"pass": 1}], early_stopping=True) == (None, 0)
+
+
+def test_the_path_picks_the_fixed_lambda_with_the_best_held_out_loss():
+    tr, ho = scaled_problem()
+    res = train_local(tr, SolverParams(**CONVERGED), holdout=ho)
+    separate = []
+    for lam in LAMBDAS:
+        fit = train_local(tr, SolverParams(**{**CONVERGED, "l2": lam}), holdout=ho)
+        assert fit.stop_reason.startswith("converged")
+        separate.append(holdout_logloss(ho, fit.weights, fit.intercept))
+    best = int(np.argmin(separate))
+    assert 0 < best < len(LAMBDAS) - 1  # an interior optimum: the test can tell a wrong choice
+    path = res.path
+    assert path["penalty"] == "l2" and path["chosen_step"] == best and path["value"] == LAMBDAS[best]
+    # the path's steps reached the same optima from their warm starts
+    for st in path["steps"]:
+        assert st["holdout_loss"] == pytest.approx(separate[st["step"]], rel=1e-6)
+    # the result is the chosen step's model, with f at the chosen λ
+    assert holdout_logloss(ho, res.weights, res.intercept) == pytest.approx(separate[best], rel=1e-6)
+    assert res.objective == pytest.approx(objective_np(tr, res.weights, res.intercept, LAMBDAS[best]), rel=1e-9)
+    # the history holds every step's passes, numbered on, each with its λ
+    assert [e["pass"] for e in res.history] == list(range(1, len(res.history) + 1))
+    assert sorted({e["l2"] for e in res.history}, reverse=True) == [st["l2"] for st in path["steps"]]
+    assert res.passes == sum(st["passes"] for st in path["steps"]) == len(res.history)
+
+
+@pytest.mark.parametrize("solver", ["hybrid", "lbfgs"])
+def test_each_step_is_the_fixed_lambda_fit_warm_started_from_the_step_before(solver):
+    """Replayed as separate runs (step 0: the solver; later steps: L-BFGS from the step before's
+    returned weights), with early stopping on: the same held-out losses and weights, bit for bit."""
+    tr, ho = scaled_problem(n=1500, d=200)
+    params = SolverParams(solver=solver, l2="auto", passes=12)
+    res = train_local(tr, params, holdout=ho)
+    init, replay = None, []
+    for st in res.path["steps"]:
+        p = dataclasses.replace(params, l2=st["l2"], solver=solver if st["step"] == 0 else "lbfgs")
+        fit = train_local(tr, p, holdout=ho, init=init)
+        assert step_holdout(fit.history, early_stopping=True)[0] == st["holdout_loss"]
+        assert (len(fit.history), fit.stop_reason, fit.objective) == (st["passes"], st["stop_reason"], st["objective"])
+        replay.append(fit)
+        init = (fit.weights, fit.intercept)
+    chosen = replay[res.path["chosen_step"]]
+    assert res.weights.tobytes() == chosen.weights.tobytes() and res.intercept == chosen.intercept
+    holdouts = [st["holdout_loss"] for st in res.path["steps"]]
+    assert res.path["chosen_step"] == holdouts.index(min(holdouts))
+
+
+def test_the_path_is_deterministic_and_ranks_agree():
+    tr, ho = scaled_problem()
+    params = SolverParams(**CONVERGED)
+    a = train_local(tr, params, holdout=ho)
+    b = train_local(tr, params, holdout=ho)
+    assert a.weights.tobytes() == b.weights.tobytes() and a.intercept == b.intercept
+    assert without_times(a.path["steps"]) == without_times(b.path["steps"])
+    assert numbers(a.history) == numbers(b.history)
+    two = train_on_tree(split_rows(tr, 2), params, holdouts=split_rows(ho, 2))
+    assert two[0].weights.tobytes() == two[1].weights.tobytes()  # bit-identical on every rank
+    assert two[0].path == two[1].path and numbers(two[0].history) == numbers(two[1].history)
+    assert two[0].path["chosen_step"] == a.path["chosen_step"]  # K = 2 makes the choice K = 1 makes
+    for s1, s2 in zip(a.path["steps"], two[0].path["steps"], strict=True):
+        assert s2["holdout_loss"] == pytest.approx(s1["holdout_loss"], rel=1e-6)
+
+
+def test_hybrid_path_on_two_ranks_is_the_same_on_both_and_repeats():
+    tr, ho = scaled_problem(n=1500, d=200)
+    params = SolverParams(solver="hybrid", l2="auto", passes=10)
+    runs = [train_on_tree(split_rows(tr, 2), params, holdouts=split_rows(ho, 2)) for _ in range(2)]
+    for r in runs:
+        assert r[0].weights.tobytes() == r[1].weights.tobytes() and r[0].path == r[1].path
+    assert runs[0][0].weights.tobytes() == runs[1][0].weights.tobytes()
+    assert without_times(runs[0][0].path["steps"]) == without_times(runs[1][0].path["steps"])
+
+
+@pytest.mark.parametrize("solver", ["hybrid", "lbfgs"])
+def test_resume_from_a_checkpoint_inside_the_path_continues_on_the_same_lambda(solver):
+    tr, ho = scaled_problem(n=1500, d=200)
+    params = SolverParams(solver=solver, l2="auto", passes=12)
+    states = []
+    full = train_local(tr, params, holdout=ho, on_pass_end=keep(states))
+    assert [s["pass"] for s in states] == list(range(1, len(full.history) + 1))
+    assert all(s["params"]["l2"] == "auto" for s in states)
+    assert [s["stop_reason"] for s in states[:-1]] == [None] * (len(states) - 1) and states[-1]["stop_reason"]
+    # inside step 0 (the hybrid: after its online pass), inside a later step, and at a step's end
+    picks = [states[0], next(s for s in states if s["path_step"] == 2 and s["path_step_stop"] is None),
+             next(s for s in states if s["path_step"] == 1 and s["path_step_stop"] is not None)]
+    for saved in picks:
+        later = []
+        res = train_local(tr, params, holdout=ho, resume=copy_state(saved), on_pass_end=keep(later))
+        assert res.weights.tobytes() == full.weights.tobytes() and res.intercept == full.intercept
+        assert without_times(res.path["steps"]) == without_times(full.path["steps"])
+        assert numbers(res.history) == numbers(full.history)
+        # the first pass after the resume is on the checkpoint's λ
+        assert later[0]["pass"] == saved["pass"] + 1
+        step = saved["path_step"] + (saved["path_step_stop"] is not None)
+        assert later[0]["history"][-1]["l2"] == LAMBDAS[step]
+
+
+def test_no_collective_before_the_first_pass_with_a_path():
+    tr, ho = scaled_problem(n=400, d=40)
+    events = []
+    train(tr, RecordingCommunicator(events), SolverParams(solver="hybrid", l2="auto", passes=3), holdout=ho,
+          progress=lambda p, rows: events.append(("progress", p, rows)))
+    first = events.index(("collective",))
+    assert events[first - 1] == ("progress", 1, tr.n_rows)
+    passes = [e[1] for e in events if e[0] == "progress"]
+    assert passes == sorted(passes) and max(passes) > 3  # numbered on across the steps
+
+
+def test_auto_without_held_out_rows_is_refused_on_every_rank():
+    tr, _ = scaled_problem(n=400, d=40)
+    with pytest.raises(InvalidInputError, match=r"train.l2 = 'auto' chooses l2 by the held-out loss, and no rank has "
+                                                r"held-out rows: .*train.holdout_period > 1.*or set train.l2 to a number"):
+        train_local(tr, SolverParams(solver="lbfgs", l2="auto"))
+    # on a tree: empty held-out shards everywhere, so every rank raises after the first pass
+    shards, empty = split_rows(tr, 2), CSRData.empty(tr.n_features)
+    run = run_tree(2, lambda node: train(shards[node.rank], node, SolverParams(l2="auto"), holdout=empty),
+                   node_kwargs=TREE_NODE_KWARGS, timeout=120.0, check=False)
+    assert all(isinstance(e, InvalidInputError) and "no rank has held-out rows" in str(e) for e in run.errors)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"solver": "online"}, r"train.l2 = 'auto': must be a number with train.solver = 'online': 'auto' fits a "
+                           r"regularization path, which needs a solver that can \('hybrid', 'lbfgs'\)"),
+    ({"solver": "cocoa"}, r"train.l2 = 'auto': must be a number with train.solver = 'cocoa'"),
+    ({"l2": "automatic"}, r"train.l2 = 'automatic': must be 'auto' or a finite number in \[0, inf\]"),
+    ({"l2": float("inf")}, r"train.l2 = inf: must be 'auto' or a finite number"),
+])
+def test_bad_l2_values_name_the_key_and_what_is_allowed(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        SolverParams(**{"l2": "auto", **kwargs})
+
+
+def test_a_fixed_lambda_state_does_not_resume_a_path_and_back():
+    tr, ho = scaled_problem(n=400, d=40)
+    fixed, path = [], []
+    train_local(tr, SolverParams(solver="lbfgs", l2=1e-6, passes=2), holdout=ho, on_pass_end=keep(fixed))
+    train_local(tr, SolverParams(solver="lbfgs", l2="auto", passes=2), holdout=ho, on_pass_end=keep(path))
+    with pytest.raises(ValueError, match=r"resume state: params.l2 = 1e-06 differs from this run's 'auto'"):
+        train_local(tr, SolverParams(solver="lbfgs", l2="auto", passes=2), holdout=ho, resume=fixed[-1])
+    with pytest.raises(ValueError, match=r"resume state: params.l2 = 'auto' differs from this run's 1e-06"):
+        train_local(tr, SolverParams(solver="lbfgs", l2=1e-6, passes=2), holdout=ho, resume=path[-1])
+    other = dict(path[-1], path_values=[1.0, 0.1])
+    with pytest.raises(ValueError, match=r"resume state: path_values = \[1.0, 0.1\] differ from this run's"):
+        train_local(tr, SolverParams(solver="lbfgs", l2="auto", passes=2), holdout=ho, resume=other)
+
+
+def test_the_path_reads_its_rows_again_even_when_handed_them():
+    """consume_data with a path: L-BFGS must not renumber the rows in place, since every step
+    reads them again (the same bits as a run that keeps its data)."""
+    tr, ho = scaled_problem(n=600, d=60)
+    params = SolverParams(solver="lbfgs", l2="auto", passes=8)
+    kept = train_local(tr, params, holdout=ho)
+    mine = copy_data(tr)
+    handed = train(mine, LocalCommunicator(), params, holdout=ho, consume_data=True)
+    assert handed.weights.tobytes() == kept.weights.tobytes()
+    assert mine.indices.tobytes() == tr.indices.tobytes()
