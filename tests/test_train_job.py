@@ -235,6 +235,7 @@ def test_train_on_local_cluster_through_the_cli(data, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     meta = json.loads((tmp_path / "m" / "metadata.json").read_text())
     assert len(meta["per_rank"]) == 2 and np.isfinite(meta["objective"])
+    assert meta["regularization"]["penalty"] == "l2"  # the default train.l2 = auto fits a path
 
 
 def test_cocoa_through_the_job_and_resume_from_per_rank_checkpoints(spark, data, tmp_path):

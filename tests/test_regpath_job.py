@@ -1,0 +1,94 @@
+"""train.l2 = auto (the default) through the train job: the path is recorded in metadata.json,
+summarised, plotted in the report and used by evaluate; a task failing inside the path resumes
+from its checkpoint on the same λ and the model has the clean run's bits."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from terascale.jobs.config import CRITEO_FIELDS, load_config
+from terascale.jobs.report import build_report
+from terascale.jobs.scoring import evaluate
+from terascale.jobs.steps import train_summary
+from terascale.jobs.train_job import run_train
+from terascale.pipeline.generate import generate_clicklogs
+from terascale.pipeline.modeldir import load_model
+from terascale.pipeline.spark_featurize import run_featurize
+from terascale.pipeline.spec import FeatureSpec
+from terascale.solvers.regpath import PATHS, effective_l2
+
+pytestmark = pytest.mark.spark
+BASE = ["train.workers=2", "train.passes=6", "train.checkpoint_interval_s=0", "spark.master=local[2]"]
+
+
+@pytest.fixture(scope="module")
+def data(spark, tmp_path_factory):
+    d = tmp_path_factory.mktemp("regpath")
+    generate_clicklogs(d / "raw", 6000, files=2, seed=3, processes=1)
+    generate_clicklogs(d / "rawt", 2000, files=1, seed=4, processes=1)
+    for name, raw in (("tr", "raw"), ("te", "rawt")):
+        spec = FeatureSpec(fields=CRITEO_FIELDS, bits=16, seed=0)
+        run_featurize(spark, [str(d / raw)], str(d / name), spec, load_config([], ["featurize.partitions=2"]).featurize)
+    return d
+
+
+@pytest.fixture(scope="module")
+def clean(spark, data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("clean") / "m"
+    cfg = load_config([], BASE)
+    assert cfg.train.l2 == "auto"  # the default
+    return out, run_train(spark, cfg, str(data / "tr"), str(out))
+
+
+def test_the_default_fits_a_path_and_records_it(spark, data, clean, tmp_path):
+    model, meta = clean
+    on_disk = json.loads((model / "metadata.json").read_text())
+    reg = on_disk["regularization"]
+    assert on_disk["config"]["train"]["l2"] == "auto" and reg["penalty"] == "l2"
+    steps = reg["steps"]
+    assert [s["l2"] for s in steps] == PATHS["l2"].values()[: len(steps)]
+    holdouts = [s["holdout_loss"] for s in steps]
+    assert reg["chosen_step"] == holdouts.index(min(holdouts)) and reg["value"] == steps[reg["chosen_step"]]["l2"]
+    assert reg["stop"] in ("end", "patience") and (reg["stop"] == "end") == (len(steps) == 8)
+    assert on_disk["objective"] == steps[reg["chosen_step"]]["objective"]
+    assert len(on_disk["history"]) == sum(s["passes"] for s in steps)
+    assert [h["pass"] for h in on_disk["history"]] == list(range(1, len(on_disk["history"]) + 1))
+    assert effective_l2(on_disk) == reg["value"]
+    # the driver's summary names the path and marks the choice
+    text = train_summary(on_disk)
+    assert "l2 auto" in text and f"chose {reg['value']:g} (step {reg['chosen_step'] + 1} of {len(steps)}" in text
+    assert text.count(" <-") == 1
+    # evaluate's objective is f at the chosen λ
+    metrics = evaluate(spark, str(data / "te"), str(model))
+    assert f"+ {reg['value']:g}/2 |beta|^2" in metrics["objective_definition"]
+    w, b, _ = load_model(str(model))
+    assert np.isfinite(metrics["objective"]) and metrics["objective"] > 0
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    page = open(build_report(str(model), str(tmp_path / "metrics.json"), str(tmp_path / "r"))).read()
+    assert "<h2>Regularization path</h2>" in page and 'alt="regularization_path"' in page
+    assert (tmp_path / "r" / "regularization_path.png").stat().st_size > 1000
+    assert f"l2 auto: {reg['value']:g}" in page
+    assert w.dtype == np.float32 and np.isfinite(b)
+
+
+def test_a_rank_failing_inside_the_path_resumes_on_the_same_lambda(spark, data, clean, tmp_path):
+    _, meta = clean
+    steps = meta["regularization"]["steps"]
+    assert len(steps) >= 2
+    fail_at = steps[0]["passes"] + 2  # the second pass of the path's second step
+    cfg = load_config([], [*BASE, "train.inject.fail_shard=1", f"train.inject.fail_pass={fail_at}",
+                           "train.inject.fail_mode=raise"])
+    hurt = run_train(spark, cfg, str(data / "tr"), str(tmp_path / "hurt"))
+    assert len(hurt["attempts"]) == 2
+    assert {r["resumed_from_pass"] for r in hurt["per_rank"]} == {fail_at}
+    resumed_on = hurt["history"][fail_at]  # the first pass the second attempt ran
+    assert resumed_on["path_step"] == 1 and resumed_on["l2"] == steps[1]["l2"]
+    w_clean, b_clean, _ = load_model(str(clean[0]))
+    w_hurt, b_hurt, _ = load_model(str(tmp_path / "hurt"))
+    assert w_hurt.tobytes() == w_clean.tobytes() and b_hurt == b_clean
+    drop = ("seconds",)
+    assert [{k: v for k, v in s.items() if k not in drop} for s in hurt["regularization"]["steps"]] == \
+        [{k: v for k, v in s.items() if k not in drop} for s in steps]
