@@ -27,7 +27,10 @@ features of the shard, m = ``lbfgs_memory``. Each term belongs to one category:
   replicas and relabel maps (:func:`hot_bytes`, under ``buffers``). L-BFGS: full-length
   float64 weights (current, and the best under early stopping; the start is dropped once
   compacted) 16·(D+1); feature maps (active position, local slot) 8·D; the local table
-  (3 float64 + an int64 id per own feature) 32·(f+1); the returned float32 weights 4·D.
+  (3 float64 + an int64 id per own feature) 32·(f+1); the returned float32 weights 4·D;
+  with a regularization path (``train.l2 = auto``) the local table's own copy of the indices 4·z
+  (the rows are read again by every step, so they are not renumbered in place) and the best
+  step's float32 weights and the next step's float64 start 12·(D+1).
   CoCoA: w, its update, u over all features and the round's AllReduce vector and sum 40·(D+1);
   dual variables, updates and messages 48·n; per thread replicas 16·threads·(f+1) and the local
   vectors 24·(f+1); feature counts 4·D; the returned weights 8·D.
@@ -117,11 +120,12 @@ class Plan:
     holdout: bool  # the held-out rows are split off (while reading: no second CSR)
     workers: int
     chunk_bytes: int
+    path: bool = False  # train.l2 = auto: a regularization path (solvers.regpath)
 
     @classmethod
     def of(cls, p, holdout: bool, workers: int, chunk_bytes: int) -> Plan:
         """From any object with the solver's parameters (a ``TrainConf``, ``SolverParams``)."""
-        return cls(p.solver, p.lbfgs_memory, p.threads, p.partition, holdout, workers, chunk_bytes)
+        return cls(p.solver, p.lbfgs_memory, p.threads, p.partition, holdout, workers, chunk_bytes, p.l2 == "auto")
 
 
 @dataclass(frozen=True)
@@ -208,6 +212,9 @@ def account(plan: Plan, s: Sizes, baseline: int) -> Accounting:
         "local table (32 B x shard features)": (MODEL_STATE, 32 * (f + 1)),
         **({f"per-thread accumulators ({plan.threads - 1} more threads)": (BUFFERS, (plan.threads - 1) * max(24 * (f + 1), 0 if "online" in spec.phases else 16 * (D + 1)))} if plan.threads > 1 else {}),
         "returned float32 weights": (MODEL_STATE, 4 * D),
+        **({"regularization path: renumbered indices, the rows are read again (4 B x shard non-zeros)": (SHARD, 4 * z),
+            "regularization path: best model and warm start (12 B x 2^bits)": (MODEL_STATE, 12 * (D + 1))}
+           if plan.path else {}),
     }
     cocoa = {
         "CoCoA shared vectors (40 B x 2^bits)": (MODEL_STATE, 40 * (D + 1)),

@@ -63,13 +63,21 @@ def test_categories_sum_to_the_total_in_every_phase(solver, active):
 
 
 def test_the_preflight_computes_through_the_accounting():
-    t = load_config([], ["train.solver=hybrid"]).train
+    t = load_config([], ["train.solver=hybrid", "train.l2=1e-6"]).train
     e = estimate(t, 1 << 20, ShardSize(1000, 39_000, 3_900), 1 << 20, 2, MIB)
     acc = account(_plan("hybrid", lbfgs_memory=t.lbfgs_memory, threads=t.threads), Sizes(1 << 20, 1000, 39_000, 3_900, 1 << 20,
                                                                                     features=39_000), BASELINE_BYTES)
     assert (e.needed, e.phase, e.terms) == (acc.total, acc.peak_phase, acc.terms)
     assert e.categories == acc.categories() and sum(e.categories.values()) == e.needed
     assert e.to_json()["categories"] == e.categories and e.to_json()["phase_totals"]["L-BFGS"] == e.needed
+
+
+def test_a_regularization_path_costs_a_copy_of_the_indices_and_two_weight_vectors():
+    sizes = Sizes(1 << 20, 1000, 39_000, 0, 1 << 20, features=39_000)
+    fixed = account(Plan.of(load_config([], ["train.l2=1e-6"]).train, True, 2, MIB), sizes, BASELINE_BYTES)
+    auto = account(Plan.of(load_config([], ["train.l2=auto"]).train, True, 2, MIB), sizes, BASELINE_BYTES)
+    assert auto.phase_totals()["L-BFGS"] - fixed.phase_totals()["L-BFGS"] == 4 * 39_000 + 12 * ((1 << 20) + 1)
+    assert auto.phase_totals()["online passes"] == fixed.phase_totals()["online passes"]
 
 
 def test_a_rank_counts_its_csr_as_held_binary_or_not():
