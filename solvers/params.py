@@ -8,9 +8,11 @@ train job builds one on the driver, so a bad combination stops it before Spark s
 
 Notes on the parameters whose help is short:
 
-- ``l2``: λ ≥ 0 of the objective (see the catalogue). 1e-6 keeps the optimum finite for hashed
-  features that occur in one class only (their unregularized logistic weight is infinite)
-  while shrinking features seen in fewer than ~1e-5 of the rows.
+- ``l2``: λ ≥ 0 of the objective (see the catalogue), or ``"auto"`` (the default): a
+  regularization path chooses λ on the held-out split (:mod:`terascale.solvers.regpath`). Any
+  λ > 0 keeps the optimum finite for hashed features that occur in one class only (their
+  unregularized logistic weight is infinite); λ shrinks features seen in fewer than about
+  λ/(p(1−p)) of the rows. The former fixed default, 1e-6, overfits a few hundred thousand rows.
 - ``l1``: λ₁ ≥ 0 of the L1 term λ₁·‖β‖₁ (the intercept unpenalized); with λ₁ > 0 the L-BFGS
   phase is OWL-QN (:mod:`terascale.solvers.owlqn`) and every online pass shrinks weights towards
   0 (truncated gradient, :mod:`terascale.solvers.kernels.online`); cocoa refuses it.

@@ -52,8 +52,10 @@ def main() -> dict:
     run_train(spark, load_config([], [*base, "train.l2=1e-6", "train.passes=2"]), str(work / "train"), str(work / "warm"))
 
     def fit(l2) -> dict:
-        meta = run_train(spark, load_config([], [*base, f"train.l2={l2}"]), str(work / "train"), str(work / "model"))
-        r = evaluate(spark, str(work / "test"), str(work / "model"))
+        # a directory per model: the scoring tasks' Python workers cache a model by its path
+        model = str(work / f"model-{l2}")
+        meta = run_train(spark, load_config([], [*base, f"train.l2={l2}"]), str(work / "train"), model)
+        r = evaluate(spark, str(work / "test"), model)
         held = [h["holdout_loss"] for h in meta["history"] if h.get("holdout_loss") is not None]
         return {"l2": l2, "train_seconds": meta["train_seconds"], "passes": len(meta["history"]),
                 "stop_reason": meta["stop_reason"], "best_holdout_loss": min(held),
