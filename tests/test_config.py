@@ -115,3 +115,21 @@ def test_every_parameter_has_help_text():
     for key, f in iter_params():
         assert f.metadata.get("help"), key
     assert "featurize.bits" in all_keys() and "train.inject.fail_mode" in all_keys()
+
+
+def test_l2_takes_auto_or_a_number_from_files_and_sets(tmp_path):
+    assert Config().train.l2 == "auto"
+    conf = tmp_path / "c.yaml"
+    for text, want in (("auto", "auto"), ("AUTO", "auto"), ("1.0e-6", 1e-6), ("1e-6", 1e-6), ("0", 0.0)):
+        conf.write_text(f"train: {{l2: {text}}}\n")
+        assert load_config([conf]).train.l2 == want  # YAML 1.1 reads 1e-6 as a string: accepted as a number
+        assert load_config([], [f"train.l2={text}"]).train.l2 == want
+    conf.write_text("train: {l2: [1]}\n")
+    with pytest.raises(ConfigError, match=r"train.l2 = \[1\]: must be 'auto' or a finite number in \[0, inf\]"):
+        load_config([conf])
+    with pytest.raises(ConfigError, match=r"train.l2 = 'auto': chooses l2 by the held-out loss, which needs held-out "
+                                          r"rows: set train.holdout_period to N > 1 .*got 0\), or set train.l2 to a number"):
+        load_config([], ["train.holdout_period=0"])
+    assert load_config([], ["train.holdout_period=0", "train.l2=1e-6"]).train.l2 == 1e-6
+    with pytest.raises(ConfigError, match=r"train.l2 = 'auto': must be a number with train.solver = 'cocoa'"):
+        load_config([], ["train.solver=cocoa"])
