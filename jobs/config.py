@@ -36,6 +36,7 @@ from terascale.solvers.constraints import (  # noqa: F401 - ConfigError and the 
 )
 from terascale.solvers.constraints import freeze as _freeze
 from terascale.solvers.params import SolverParams
+from terascale.solvers.regpath import auto_penalty
 
 CRITEO_INT_FIELDS = tuple(f"I{k}" for k in range(1, 14))
 CRITEO_CAT_FIELDS = tuple(f"C{k}" for k in range(1, 27))
@@ -391,10 +392,11 @@ def _cross_checks(cfg: Config) -> None:
                               "(YAML: spark: {conf: {spark.executor.memory: 4g}})")
     solver_params(cfg.train)  # the solver's own cross-checks (the catalogue's SolverSpec.check)
     t = cfg.train
-    if t.l2 == "auto" and t.holdout_period in (0, 1):
-        raise ConfigError(f"train.l2 = 'auto': chooses l2 by the held-out loss, which needs held-out rows: set "
-                          f"train.holdout_period to N > 1 (1 row in N held out; the default is 10; got "
-                          f"{t.holdout_period}), or set train.l2 to a number")
+    auto = auto_penalty(t)  # a regularization path (solvers.regpath)
+    if auto is not None and t.holdout_period in (0, 1):
+        raise ConfigError(f"train.{auto} = 'auto': chooses {auto} by the held-out loss, which needs held-out rows: "
+                          f"set train.holdout_period to N > 1 (1 row in N held out; the default is 10; got "
+                          f"{t.holdout_period}), or set train.{auto} to a number")
     if t.data_cache == "disk" and t.shuffle:
         raise ConfigError("train.shuffle = true: needs train.data_cache = 'memory' or 'auto' (got 'disk'): a shuffled "
                           "online pass reads rows at random, which a shard streamed from the local cache cannot "
