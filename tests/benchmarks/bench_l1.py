@@ -64,7 +64,7 @@ def main() -> dict:
     train_raw = generated_logs(ROWS, 2, 41)
     test_raw = generated_logs(TEST_ROWS, 1, 42)
     work = RESULTS / "l1-work"
-    base = [f"featurize.bits={BITS}", "spark.master=local[2]"]
+    base = [f"featurize.bits={BITS}", "spark.master=local[2]", "train.l2=1e-6"]  # one fixed l2 (not auto): the curve is over l1
     cfg = load_config([], base)
     spark = get_spark(cfg.spark)
     spec = feature_spec(cfg)

@@ -63,7 +63,7 @@ def main() -> dict:
     files = sorted(str(p) for p in raw.glob("*.tsv"))
     work = RESULTS / "scorer-work"
     cfg = load_config([], [f"featurize.bits={BITS}", "spark.master=local[2]", "train.workers=2", "train.passes=1",
-                           "train.holdout_period=0"])
+                           "train.holdout_period=0", "train.l2=1e-6"])
     spark = get_spark(cfg.spark)
     run_featurize(spark, files, str(work / "ds"), feature_spec(cfg), cfg.featurize)
     run_train(spark, cfg, str(work / "ds"), str(work / "model"))

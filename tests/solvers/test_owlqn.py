@@ -233,9 +233,9 @@ def test_owlqn_resumes_on_two_ranks():
 def test_resume_refuses_a_state_with_another_l1():
     data = planted_problem(n=200, d=10, seed=5)
     states = []
-    train_local(data, SolverParams(solver="lbfgs", l1=0.01, passes=3), on_pass_end=keep(states))
+    train_local(data, SolverParams(solver="lbfgs", l1=0.01, l2=1e-6, passes=3), on_pass_end=keep(states))
     with pytest.raises(ValueError, match=r"params.l1 = 0.01 differs"):
-        train_local(data, SolverParams(solver="lbfgs", l1=0.02, passes=5), resume=states[-1])
+        train_local(data, SolverParams(solver="lbfgs", l1=0.02, l2=1e-6, passes=5), resume=states[-1])
 
 
 # ---------------------------------------------------------------------------------------------
