@@ -107,12 +107,13 @@ def test_the_path_picks_the_fixed_lambda_with_the_best_held_out_loss():
     assert res.passes == sum(st["passes"] for st in path["steps"]) == len(res.history)
 
 
-@pytest.mark.parametrize("solver", ["hybrid", "lbfgs"])
-def test_each_step_is_the_fixed_lambda_fit_warm_started_from_the_step_before(solver):
+@pytest.mark.parametrize("solver,l1", [("hybrid", 0.0), ("lbfgs", 0.0), ("lbfgs", 3e-6)])
+def test_each_step_is_the_fixed_lambda_fit_warm_started_from_the_step_before(solver, l1):
     """Replayed as separate runs (step 0: the solver; later steps: L-BFGS from the step before's
-    returned weights), with early stopping on: the same held-out losses and weights, bit for bit."""
+    returned weights), with early stopping on: the same held-out losses and weights, bit for bit.
+    With train.l1 > 0 (elastic net) the path runs over l2 with l1 fixed, each step OWL-QN."""
     tr, ho = scaled_problem(n=1500, d=200)
-    params = SolverParams(solver=solver, l2="auto", passes=12)
+    params = SolverParams(solver=solver, l2="auto", l1=l1, passes=12)
     res = train_local(tr, params, holdout=ho)
     init, replay = None, []
     for st in res.path["steps"]:
@@ -124,6 +125,8 @@ def test_each_step_is_the_fixed_lambda_fit_warm_started_from_the_step_before(sol
         init = (fit.weights, fit.intercept)
     chosen = replay[res.path["chosen_step"]]
     assert res.weights.tobytes() == chosen.weights.tobytes() and res.intercept == chosen.intercept
+    if l1 > 0:
+        assert 0 < np.count_nonzero(res.weights) < tr.n_features  # sparse, not empty
     holdouts = [st["holdout_loss"] for st in res.path["steps"]]
     assert res.path["chosen_step"] == holdouts.index(min(holdouts))
 
