@@ -50,14 +50,17 @@ def as_set(key: str, value: Any) -> str:
 
 
 # train.workers at its most permissive, so that a key whose constraint depends on it
-# (train.inject.*_shard) is checked on its own here; fit checks the whole configuration.
+# (train.inject.*_shard) is checked on its own here, and train.l2 a number, so that a key that
+# train.l2 = auto depends on (train.solver, train.holdout_period) is too; fit checks the whole
+# configuration.
 _WORKERS = "train.workers"
 _MAX_WORKERS = dict(iter_params())[_WORKERS].metadata["constraint"].hi
+_PERMISSIVE = {_WORKERS: int(_MAX_WORKERS), "train.l2": 1.0}
 
 
 def _converter(key: str):
     def convert(value: Any) -> Any:
-        others = [] if key == _WORKERS else [as_set(_WORKERS, int(_MAX_WORKERS))]
+        others = [as_set(k, v) for k, v in _PERMISSIVE.items() if k != key]
         return _lookup(load_config(sets=[*others, as_set(key, value)]), key)
 
     convert.__name__ = f"schema_{param_name(key)}"

@@ -72,6 +72,15 @@ def test_a_bad_value_gets_the_schemas_error_naming_the_key(name, value, key):
         clf.set(clf.getParam(name), value)
 
 
+def test_l2_auto_is_a_param_value_and_its_cross_checks_run_on_the_whole_configuration():
+    assert TerascaleClassifier().getOrDefault("l2") == "auto"
+    assert TerascaleClassifier(l2="auto").config().train.l2 == "auto"
+    clf = TerascaleClassifier(solver="cocoa", holdoutPeriod=0)  # each fine on its own
+    with pytest.raises(ConfigError, match=r"train.l2 = 'auto': must be a number with train.solver = 'cocoa'"):
+        clf.config()
+    assert TerascaleClassifier(solver="cocoa", holdoutPeriod=0, l2=1e-3).config().train.l2 == 1e-3
+
+
 def test_cross_key_checks_run_at_fit_and_unknown_params_are_named():
     clf = TerascaleClassifier(injectFailShard=5)  # fine on its own: train.workers could be raised
     with pytest.raises(ConfigError, match=r"train.inject.fail_shard = 5: must be -1 or a shard in \[0, 1\]"):
