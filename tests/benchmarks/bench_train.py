@@ -195,7 +195,7 @@ def main() -> dict:
                      "pass_plus_bfgs_s": vw1_s + vw_bfgs_s, "objective": vw_obj, "test_logloss": vw_test_ll}
 
         # terascale online pass throughput (in-memory CSR, one process, warm)
-        p1 = SolverParams(solver="online", passes=1)
+        p1 = SolverParams(solver="online", l2=1e-6, passes=1)
         train(csr, LocalCommunicator(), p1)
         t0 = time.perf_counter()
         train(csr, LocalCommunicator(), p1)

@@ -88,7 +88,7 @@ def _run(csr):
     from terascale.solvers.setup import AgreeingCommunicator, Inputs
     from terascale.solvers.tracker import PassTracker
 
-    params = SolverParams(solver="online", passes=1)
+    params = SolverParams(solver="online", l2=1e-6, passes=1)
     comm = LocalCommunicator()
     inputs = Inputs(0, csr, None, params.loss)
     inputs.agree(comm)

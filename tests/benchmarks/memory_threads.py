@@ -54,7 +54,7 @@ def _online_run(csr, threads, consume=False):
     from terascale.solvers.setup import AgreeingCommunicator, Inputs
     from terascale.solvers.tracker import PassTracker
 
-    params = SolverParams(solver="online", passes=1, threads=threads.size)
+    params = SolverParams(solver="online", l2=LAMBDA, passes=1, threads=threads.size)
     comm = LocalCommunicator()
     inputs = Inputs(0, csr, None, params.loss, consume)
     inputs.agree(comm)
