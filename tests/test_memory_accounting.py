@@ -23,6 +23,7 @@ from terascale.jobs.memory_accounting import (
     Sizes,
     account,
     csr_bytes,
+    hot_bytes,
     memory_line,
 )
 from terascale.jobs.memory_probe import MemoryProbe, reset_hwm
@@ -58,6 +59,9 @@ def test_categories_sum_to_the_total_in_every_phase(solver, active):
         second_thread = max(24 * (f + 1), 16 * ((1 << 20) + 1) if solver == "lbfgs" else 0)
         assert cats[LBFGS_MEMORY] == 200 * (active + 1)
         assert cats[BUFFERS] == 32 * (active + 1) + 3 * MIB + second_thread
+    elif acc.peak_phase == "online passes":  # two threads: the hot-feature replicas and relabel maps
+        assert cats[LBFGS_MEMORY] == 0 and cats[BUFFERS] == 3 * MIB + hot_bytes(1 << 20, 2)
+        assert hot_bytes(1 << 20, 2) == 2 * (4096 + 4) * 16 + 2 * (1 << 20) + (1 << 17)
     else:
         assert cats[LBFGS_MEMORY] == 0 and cats[BUFFERS] == 3 * MIB
 
