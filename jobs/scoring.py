@@ -12,6 +12,7 @@ there, writes ``_manifest.json`` and swaps the whole directory in
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -31,16 +32,22 @@ from terascale.solvers.catalogue import loss_spec
 from terascale.solvers.regpath import effective_l2
 
 log = logging.getLogger("terascale.scoring")
-_MODEL_CACHE: dict[str, tuple[np.ndarray, float, str, float]] = {}
+_MODEL_CACHE: dict[tuple[str, str], tuple[np.ndarray, float, str, float]] = {}
 KEEPABLE = ("label", "weight", "indices", "values")
 
 
-def _model(model_dir: str) -> tuple[np.ndarray, float, str]:
-    if model_dir not in _MODEL_CACHE:
+def _model(model_dir: str) -> tuple[np.ndarray, float, str, float]:
+    """(weights, intercept, loss, negative rate) of the model now at ``model_dir``. A process keeps
+    the last one it loaded, keyed by the path and the model's metadata.json (read at every call,
+    a few kB): a model replaced at the same path (``train --overwrite``) is loaded anew."""
+    key = (model_dir, json.dumps(modeldir.load_metadata(model_dir), sort_keys=True, default=str))
+    hit = _MODEL_CACHE.get(key)
+    if hit is None:
         w, b, meta = modeldir.load_model(model_dir)
+        hit = (w, b, meta["config"]["train"]["loss"], model_negative_rate(meta))
         _MODEL_CACHE.clear()
-        _MODEL_CACHE[model_dir] = (w, b, meta["config"]["train"]["loss"], model_negative_rate(meta))
-    return _MODEL_CACHE[model_dir]
+        _MODEL_CACHE[(model_dir, json.dumps(meta, sort_keys=True, default=str))] = hit
+    return hit
 
 
 def _margins_and_scores(csr, model_dir: str, calibration: str = "population") -> tuple[np.ndarray, np.ndarray]:

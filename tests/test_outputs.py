@@ -490,3 +490,22 @@ def test_files_terascale_adds_to_its_artifacts_are_its_own(tmp_path):
     ds = make_dataset(tmp_path / "ds")
     (Path(ds) / "_tokens.parquet").write_bytes(b"t")
     assert artifacts.check_target(ds, artifacts.DATASET, True, "--output", "").foreign == []
+
+
+def test_a_model_replaced_at_the_same_path_is_scored_anew(tmp_path):
+    """The scoring process keeps the last model it loaded; ``train --overwrite`` into the same
+    directory (an atomic replacement) must not leave evaluate/predict scoring the old weights."""
+    from terascale.jobs import scoring
+
+    def model(fill: float) -> None:
+        staging = modeldir.staging_dir(str(tmp_path / "m"))
+        modeldir.write_weights(staging, np.full(16, fill, np.float32), storage="dense")
+        meta = {"spec": {"bits": 4}, "intercept": fill, "config": {"train": {"loss": "logistic"}}}
+        modeldir.commit(staging, str(tmp_path / "m"), meta, overwrite=True)
+
+    model(0.25)
+    w, b, loss, _ = scoring._model(str(tmp_path / "m"))
+    assert (float(w[0]), b, loss) == (0.25, 0.25, "logistic")
+    model(-1.5)
+    w, b, _, _ = scoring._model(str(tmp_path / "m"))
+    assert (float(w[0]), b) == (-1.5, -1.5)
