@@ -73,7 +73,7 @@ def train(data: CSRData, comm: Communicator, params: SolverParams | None = None,
     _check_groups(groups, data.n_features)
     path = auto_penalty(params)
     # a path fits several times over the same rows: L-BFGS may not renumber them in place
-    inputs = Inputs(comm.rank, data, holdout, params.loss, consume_data and path is None)
+    inputs = Inputs(comm.rank, data, holdout, params.loss, consume_data and path is None, consume_data)
     solver_comm = AgreeingCommunicator(comm, inputs)
     if inputs.problem is not None:
         inputs.agree(comm)  # raises here, and on every other rank at its first collective

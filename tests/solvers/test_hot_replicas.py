@@ -177,3 +177,20 @@ def test_hybrid_with_replicas_reaches_sklearns_optimum():
                       consume_data=True)
     assert res.history[0]["phase"] == "online"
     assert res.objective == pytest.approx(f_sk, rel=1e-6)
+
+
+def test_a_regularization_path_on_data_handed_over_uses_the_replicas_and_gives_the_ids_back(monkeypatch):
+    """train.l2 = auto never renumbers the data in place (every step reads it again), but its
+    online phase may relabel it for its duration: the ids are the original ones afterwards."""
+    import terascale.solvers.hot as hot_module
+
+    calls = []
+    relabel = hot_module.HotReplicas.relabel
+    monkeypatch.setattr(hot_module.HotReplicas, "relabel", lambda self, *a: (calls.append(1), relabel(self, *a))[1])
+    data = _skewed(n=3000, seed=5)
+    holdout = _skewed(n=600, seed=6)
+    handed = copy_data(data)
+    res = train_local(handed, SolverParams(solver="hybrid", l2="auto", threads=2, passes=20, early_stop_passes=0),
+                      holdout=holdout, consume_data=True)
+    assert calls and np.isfinite(res.objective)
+    np.testing.assert_array_equal(handed.indices, data.indices)
