@@ -25,7 +25,7 @@ demo: $(STAMP)
 
 # the suite includes tests/cluster: a standalone cluster run with the dist/ artifacts, and
 # tests/multihost: the same over several hosts made of network namespaces (needs root and
-# `ip netns`; skipped with the reason otherwise)
+# `ip netns`; skipped with the reason otherwise; the killed-host run only in test-multihost)
 test: $(STAMP) dist
 	TERASCALE_DIST=$(abspath dist) $(PY) -m pytest -q tests
 
@@ -33,7 +33,7 @@ test-cluster: $(STAMP) dist
 	TERASCALE_DIST=$(abspath dist) $(PY) -m pytest -q -m cluster tests
 
 test-multihost: $(STAMP) dist
-	TERASCALE_DIST=$(abspath dist) $(PY) -m pytest -q -rs -m multihost tests
+	TERASCALE_DIST=$(abspath dist) TERASCALE_MULTIHOST=full $(PY) -m pytest -q -rs -m multihost tests
 
 bench: $(BENCH_STAMP)
 	$(PY) -m tests.benchmarks

@@ -37,6 +37,7 @@ gone (a crash, ``kill -9``) are removed the same way when a new run starts.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -64,9 +65,11 @@ def _tc(ns: str, *args: str) -> None:
                    check=True, timeout=30)
 
 
+@functools.cache
 def unavailable() -> str | None:
     """None when this machine can build a :class:`Network` (root, ``ip`` and ``tc``, network
-    namespaces, veth pairs and a bridge, checked by building a tiny one); otherwise the reason."""
+    namespaces, veth pairs and a bridge, checked once per process by building a tiny one);
+    otherwise the reason."""
     if os.geteuid() != 0:
         return f"network namespaces need root (euid is {os.geteuid()})"
     for tool in ("ip", "tc"):
