@@ -8,7 +8,7 @@ export PYTHONHASHSEED := 0
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test test-cluster bench dist lint screenshot clean
+.PHONY: demo test test-cluster test-multihost bench dist lint screenshot clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,12 +23,17 @@ $(BENCH_STAMP): $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/terascale demo
 
-# the suite includes tests/cluster: a standalone cluster run with the dist/ artifacts
+# the suite includes tests/cluster: a standalone cluster run with the dist/ artifacts, and
+# tests/multihost: the same over several hosts made of network namespaces (needs root and
+# `ip netns`; skipped with the reason otherwise; the killed-host run only in test-multihost)
 test: $(STAMP) dist
 	TERASCALE_DIST=$(abspath dist) $(PY) -m pytest -q tests
 
 test-cluster: $(STAMP) dist
 	TERASCALE_DIST=$(abspath dist) $(PY) -m pytest -q -m cluster tests
+
+test-multihost: $(STAMP) dist
+	TERASCALE_DIST=$(abspath dist) TERASCALE_MULTIHOST=full $(PY) -m pytest -q -rs -m multihost tests
 
 bench: $(BENCH_STAMP)
 	$(PY) -m tests.benchmarks

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import ciphers
+from . import ciphers, endpoints
 from . import protocol as proto
 from .errors import (
     AuthError,
@@ -80,20 +80,11 @@ def tune_socket(sock: socket.socket, buffer_bytes: int | None = None) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
 
 
-def open_listener(host: str, backlog: int = 128, buffer_bytes: int | None = None) -> socket.socket:
-    """A listening TCP socket on ``host`` and an ephemeral port (never a fixed one)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        if buffer_bytes is not None:  # inherited by accepted sockets; set before listen()
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
-        sock.bind((host, 0))
-        sock.listen(backlog)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+def open_listener(host: str, backlog: int = 128, buffer_bytes: int | None = None,
+                  port_range: tuple[int, int] | None = None) -> socket.socket:
+    """A listening TCP socket on ``host``: an ephemeral port (never a fixed one), or the first
+    free port of ``port_range`` (``allreduce.endpoints.listen``)."""
+    return endpoints.listen(host, port_range, backlog=backlog, buffer_bytes=buffer_bytes)
 
 
 def connect(

@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from . import ciphers
+from . import ciphers, endpoints
 from . import protocol as proto
 from .channel import Channel, open_listener
 from .client import ServerSession
@@ -159,8 +159,14 @@ class TreeNode(Communicator):
         max_unauthenticated_per_source: int = 64,
         cipher: str = ciphers.DEFAULT_CIPHER,
         overlap: bool = True,
+        advertise_host: str = "",
+        port_range: tuple[int, int] | None = None,
     ) -> TreeNode:
         """Listen on ``host`` (ephemeral port), register shard ``shard``, link up with the tree.
+
+        The listener binds ``host`` (a wildcard binds every interface) on an ephemeral port or
+        the first free port of ``port_range``; the rank registers ``advertise_host or host``,
+        the address its children dial (``allreduce.endpoints``: never a wildcard).
 
         ``session`` is an already connected :class:`ServerSession` (used for progress
         heartbeats during pass 1); it is closed once the topology arrives. Raises StandDown if
@@ -187,7 +193,8 @@ class TreeNode(Communicator):
             buffer_bytes=socket_buffer_bytes,
             cipher=cipher,
         )
-        listener = open_listener(host, backlog=128, buffer_bytes=socket_buffer_bytes)
+        advertised = endpoints.dialable(advertise_host or host, f"shard {shard}'s advertised address")
+        listener = open_listener(host, backlog=128, buffer_bytes=socket_buffer_bytes, port_range=port_range)
         children = _Children(shard)
         acceptor = _child_acceptor(
             listener,
@@ -212,7 +219,7 @@ class TreeNode(Communicator):
                 )
             with session:
                 placement = session.register(
-                    host, listener.getsockname()[1], timeout_s=startup_timeout_s
+                    advertised, listener.getsockname()[1], timeout_s=startup_timeout_s
                 )
             parent, kids = _link(placement, children, links)
         finally:

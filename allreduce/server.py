@@ -31,6 +31,7 @@ from . import ciphers
 from . import protocol as proto
 from .acceptor import Acceptor
 from .channel import Channel, open_listener
+from .endpoints import dialable
 from .errors import (
     AllreduceError,
     PeerLost,
@@ -78,7 +79,9 @@ class _Worker:
 class TreeServer:
     """Collects registrations of ``num_shards`` shards and hands out the tree.
 
-    Binds ``host`` on an ephemeral port. ``startup_timeout_s`` counts from :meth:`start`: a
+    Binds ``host`` on an ephemeral port, or on the first free port of ``port_range``
+    (``allreduce.endpoints.listen``); :attr:`address` is ``(advertise_host or host, port)``, what
+    the workers dial (a wildcard ``host`` needs an ``advertise_host``). ``startup_timeout_s`` counts from :meth:`start`: a
     worker may stay silent until then (its whole first pass), but once a frame starts it must
     arrive within ``io_timeout_s``, which also bounds every send to a worker. Connections still
     idle ``io_timeout_s`` after the startup deadline are closed.
@@ -98,6 +101,8 @@ class TreeServer:
         max_unauthenticated: int = 1024,
         max_unauthenticated_per_source: int = 64,
         cipher: str = ciphers.DEFAULT_CIPHER,
+        advertise_host: str = "",
+        port_range: tuple[int, int] | None = None,
     ) -> None:
         if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
             raise ValueError(f"num_shards must be a positive integer, got {num_shards!r}")
@@ -106,6 +111,8 @@ class TreeServer:
         self.num_shards = num_shards
         self._key = proto.check_key(key)
         self._host = host
+        self._advertise = dialable(advertise_host or host, "the tree server's advertised address")
+        self._port_range = port_range
         self._handshake_timeout_s = handshake_timeout_s
         self._io_timeout_s = io_timeout_s
         self._startup_timeout_s = startup_timeout_s
@@ -138,7 +145,7 @@ class TreeServer:
             raise RuntimeError("the tree server is already started")
         self._started = True
         self._deadline = time.monotonic() + self._startup_timeout_s
-        self._listener = open_listener(self._host)
+        self._listener = open_listener(self._host, port_range=self._port_range)
         self._acceptor = Acceptor(
             self._listener,
             self._key,
@@ -158,13 +165,19 @@ class TreeServer:
             target=self._watch, name="tree-server-watchdog", daemon=True
         )
         self._watchdog.start()
-        host, port = self.address
-        log.info("tree server listening on %s:%d for %d shard(s)", host, port, self.num_shards)
+        host, port = self.bound_address
+        log.info("tree server listening on %s:%d (workers dial %s:%d) for %d shard(s)", host, port,
+                 self._advertise, port, self.num_shards)
         return self
 
     @property
     def address(self) -> tuple[str, int]:
-        """``(host, port)`` the workers connect to."""
+        """``(host, port)`` the workers connect to: the advertised host and the bound port."""
+        return self._advertise, self.bound_address[1]
+
+    @property
+    def bound_address(self) -> tuple[str, int]:
+        """``(host, port)`` the listener is bound to (``getsockname``)."""
         if self._listener is None:
             raise RuntimeError("the tree server is not started")
         host, port = self._listener.getsockname()[:2]

@@ -21,6 +21,15 @@ the driver, launches one barrier stage of K + S tasks and hands every task a
   refuses before any task starts. The slot check (:func:`preflight`) counts tasks of the
   stage's cpus: ``workers + spares`` tasks must fit at once.
 
+Addresses (``allreduce.endpoints``): the tree server binds ``allreduce.host`` ('' = the
+driver's ``spark.driver.host``) and the tasks dial ``allreduce.advertise_host`` ('' = the bound
+address; with a wildcard bind, ``spark.driver.host``). A rank's listener binds its executor's
+address as Spark knows it (the task's ``BarrierTaskContext`` address), or every interface when
+``allreduce.host`` is a wildcard, and the rank registers its executor's address: the one Spark
+itself needs its peers to reach. Every listener takes its port from ``allreduce.port_range``
+when set. Each attempt records the address its tree server bound (``tree_server``) and each
+task the address it registered (``host``).
+
 Security: the per-attempt key travels to the tasks inside the task closure. On a shared cluster
 enable ``spark.authenticate`` and RPC encryption (``spark.network.crypto.enabled``) so it does not
 cross the network in clear. The key is never logged.
@@ -35,7 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from terascale.allreduce import ciphers
+from terascale.allreduce import ciphers, endpoints
 from terascale.allreduce.client import ServerSession, SpareSession
 from terascale.allreduce.errors import StandDown
 from terascale.allreduce.node import TreeNode
@@ -71,6 +80,9 @@ class NetConf:
     max_unauthenticated: int = 1024  # listeners' bounds on connections not yet authenticated
     max_unauthenticated_per_source: int = 64
     cipher: str = ciphers.DEFAULT_CIPHER  # frame protection after the handshake (allreduce.ciphers)
+    host: str = ""  # allreduce.host: the tree server's bind address; a wildcard: the ranks' too
+    advertise_host: str = ""  # allreduce.advertise_host: the address the tasks dial for the server
+    port_range: tuple[int, int] | None = None  # allreduce.port_range, parsed; None: ephemeral
 
     @classmethod
     def from_conf(cls, c) -> NetConf:
@@ -78,7 +90,8 @@ class NetConf:
                    c.startup_timeout_s, c.max_frame_bytes, heartbeat_timeout_s=c.heartbeat_timeout_s,
                    max_wait_s=c.max_wait_s, max_unauthenticated=c.max_unauthenticated,
                    max_unauthenticated_per_source=c.max_unauthenticated_per_source,
-                   cipher=c.cipher)
+                   cipher=c.cipher, host=c.host, advertise_host=c.advertise_host,
+                   port_range=endpoints.parse_port_range(c.port_range))
 
 
 @dataclass
@@ -89,7 +102,7 @@ class BarrierTask:
     attempt: int  # the driver's attempt number, 0-based
     attempt_id: str  # unique per task attempt, e.g. "w2-a0" or "s0-a1"
     is_spare: bool
-    host: str  # the address this task listens on for tree links
+    host: str  # the address this task registers for tree links (its executor's, as Spark knows it)
     num_shards: int
     net: NetConf
     gpu_address: str | None = None  # the GPU Spark assigned to this task, if any
@@ -97,6 +110,7 @@ class BarrierTask:
     _key: bytes = field(repr=False, default=b"")
     _session: ServerSession | None = field(repr=False, default=None)
     _joined: bool = field(repr=False, default=False)
+    bind_host: str = ""  # the address its listener binds ('' = host; a wildcard: every interface)
 
     def session(self) -> ServerSession:
         if self._session is None:
@@ -126,7 +140,8 @@ class BarrierTask:
         session, self._session = self.session(), None
         self._joined = True
         return TreeNode.join(
-            self._server, self._key, shard=self.shard, attempt_id=self.attempt_id, host=self.host,
+            self._server, self._key, shard=self.shard, attempt_id=self.attempt_id,
+            host=self.bind_host or self.host, advertise_host=self.host, port_range=n.port_range,
             chunk_bytes=n.chunk_bytes, connect_timeout_s=n.connect_timeout_s,
             handshake_timeout_s=n.handshake_timeout_s, io_timeout_s=n.io_timeout_s,
             startup_timeout_s=n.startup_timeout_s, max_frame_bytes=n.max_frame_bytes, session=session,
@@ -244,6 +259,15 @@ def preflight(spark, slots_needed: int, what: str, wait_s: float = 0.0, poll_s: 
         time.sleep(poll_s)
 
 
+def server_addresses(conf, host: str, advertise_host: str) -> tuple[str, str]:
+    """The tree server's ``(bind, advertised)`` addresses from ``allreduce.host`` and
+    ``allreduce.advertise_host`` and the Spark configuration ``conf`` (module docstring)."""
+    driver = conf.get("spark.driver.host", "127.0.0.1")
+    bind = host or driver
+    advertise = advertise_host or (driver if endpoints.is_wildcard(bind) else bind)
+    return bind, endpoints.dialable(advertise, "allreduce.advertise_host")
+
+
 def _task_host() -> str:
     from pyspark import BarrierTaskContext
 
@@ -263,6 +287,7 @@ def _task_gpu() -> str | None:
 def _run_task(p: int, k: int, attempt: int, server: tuple[str, int], key: bytes, net: NetConf,
               task_fn: TaskFn) -> dict:
     host = _task_host()
+    bind = net.host if endpoints.is_wildcard(net.host) else host
     if p < k:
         shard, spare, attempt_id = p, False, f"w{p}-a{attempt}"
     else:
@@ -274,19 +299,21 @@ def _run_task(p: int, k: int, attempt: int, server: tuple[str, int], key: bytes,
         )
         shard = with_spare.wait_assignment(poll_s=net.spare_poll_s, timeout_s=net.startup_timeout_s)
         if shard is None:
-            return {"task": p, "role": "spare", "shard": None, "outcome": "unused"}
+            return {"task": p, "role": "spare", "shard": None, "host": host, "outcome": "unused"}
         spare, attempt_id = True, f"s{i}-a{attempt}"
-    ctx = BarrierTask(shard, attempt, attempt_id, spare, host, k, net, _task_gpu(), server, key)
+    ctx = BarrierTask(shard, attempt, attempt_id, spare, host, k, net, _task_gpu(), server, key,
+                      bind_host=bind)
     t0 = time.perf_counter()
     try:
         result = task_fn(ctx)
     except StandDown:
-        return {"task": p, "role": "spare" if spare else "worker", "shard": shard,
+        return {"task": p, "role": "spare" if spare else "worker", "shard": shard, "host": host,
                 "attempt_id": attempt_id, "outcome": "stood_down", "seconds": time.perf_counter() - t0}
     finally:
         ctx.close()
-    return {"task": p, "role": "spare" if spare else "worker", "shard": shard, "attempt_id": attempt_id,
-            "outcome": "survivor", "seconds": time.perf_counter() - t0, "result": result}
+    return {"task": p, "role": "spare" if spare else "worker", "shard": shard, "host": host,
+            "attempt_id": attempt_id, "outcome": "survivor", "seconds": time.perf_counter() - t0,
+            "result": result}
 
 
 @dataclass
@@ -310,10 +337,10 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
     names one of the exception class names in ``no_retry`` (errors a new attempt would only
     repeat, e.g. invalid input) fails the job at once.
     ``on_attempt(server, attempt)`` is called when an attempt's tree server is up (e.g. to
-    show its pass-1 progress).
+    show its pass-1 progress). ``server_host`` overrides ``net.host`` (module docstring).
     """
     sc = spark.sparkContext
-    host = server_host or sc.getConf().get("spark.driver.host", "127.0.0.1")
+    host, advertise = server_addresses(sc.getConf(), server_host or net.host, net.advertise_host)
     attempts: list[dict] = []
     profile = barrier_profile(spark, task_cpus)
     for attempt in range(max_attempts):
@@ -327,8 +354,9 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
                         io_timeout_s=net.io_timeout_s, startup_timeout_s=net.startup_timeout_s,
                         max_frame_bytes=net.max_frame_bytes, max_unauthenticated=net.max_unauthenticated,
                         max_unauthenticated_per_source=net.max_unauthenticated_per_source,
-                        cipher=net.cipher) as server:
+                        cipher=net.cipher, advertise_host=advertise, port_range=net.port_range) as server:
             address = server.address
+            bound = "{}:{}".format(*server.bound_address)
             if on_attempt is not None:
                 on_attempt(server, attempt)
             log.info("%s: attempt %d of %d, tree server on %s:%d, %d workers + %d spares", job_name,
@@ -345,7 +373,8 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
                 tasks = rdd.barrier().mapPartitionsWithIndex(fn).collect()
             except Exception as e:  # noqa: BLE001 - a failed barrier stage: log why, then retry
                 why = summarize_error(e)
-                attempts.append({"attempt": attempt, "seconds": time.perf_counter() - t0, "outcome": "failed", "error": why})
+                attempts.append({"attempt": attempt, "seconds": time.perf_counter() - t0, "outcome": "failed", "error": why,
+                             "tree_server": bound})
                 log.warning("%s: attempt %d failed: %s", job_name, attempt + 1, why)
                 if any(name in why for name in no_retry):
                     raise BarrierError(f"{job_name}: {why} (attempt {attempt + 1}, not retried: "
@@ -358,7 +387,8 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
             outcomes = ", ".join(f"task {t['task']} {t['outcome']}" + (f" on shard {t['shard']}" if t.get("shard") is not None else "")
                                  for t in tasks)
             why = f"survivors for shards {[t['shard'] for t in survivors]}, expected 0..{num_shards - 1} ({outcomes})"
-            attempts.append({"attempt": attempt, "seconds": time.perf_counter() - t0, "outcome": "failed", "error": why})
+            attempts.append({"attempt": attempt, "seconds": time.perf_counter() - t0, "outcome": "failed", "error": why,
+                             "tree_server": bound})
             log.warning("%s: attempt %d failed: %s", job_name, attempt + 1, why)
             continue
         for t in tasks:
@@ -367,7 +397,8 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
                          f" on shard {t['shard']}" if t.get("shard") is not None else "")
         log.info("%s: attempt %d succeeded in %.1f s; survivors: %s", job_name, attempt + 1,
                  time.perf_counter() - t0, ", ".join(f"{t['shard']}={t['attempt_id']}" for t in survivors))
-        attempts.append({"attempt": attempt, "seconds": time.perf_counter() - t0, "outcome": "succeeded"})
+        attempts.append({"attempt": attempt, "seconds": time.perf_counter() - t0, "outcome": "succeeded",
+                         "tree_server": bound})
         return BarrierResult([t["result"] for t in survivors], tasks, attempts)
     raise BarrierError(
         f"{job_name}: all {max_attempts} attempts failed; last error: {attempts[-1]['error']}", attempts

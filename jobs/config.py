@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from terascale.allreduce import endpoints
 from terascale.allreduce.ciphers import CIPHERS, DEFAULT_CIPHER
 from terascale.pipeline.redact import redact, shown
 from terascale.pipeline.sampling import CALIBRATIONS
@@ -213,8 +214,48 @@ def solver_params(t: Any) -> SolverParams:
 
 
 @dataclass(frozen=True)
+class HostAddress:
+    """'' or an IP address or host name (``allreduce.endpoints.valid_host``); ``wildcard``:
+    whether 0.0.0.0 / :: (every interface) is allowed."""
+
+    wildcard: bool = True
+
+    def ok(self, v: Any) -> bool:
+        return isinstance(v, str) and (v == "" or (endpoints.valid_host(v)
+                                                   and (self.wildcard or not endpoints.is_wildcard(v))))
+
+    def describe(self) -> str:
+        return ("'', an IP address or a host name"
+                + (" (0.0.0.0 or :: = every interface)" if self.wildcard else ", not a wildcard (peers dial it)"))
+
+
+@dataclass(frozen=True)
+class PortRange:
+    """'' or ``LO-HI`` with 1 <= LO <= HI <= 65535 (``allreduce.endpoints.parse_port_range``)."""
+
+    def ok(self, v: Any) -> bool:
+        try:
+            return isinstance(v, str) and (endpoints.parse_port_range(v) is not None or v == "")
+        except ValueError:
+            return False
+
+    def describe(self) -> str:
+        return "'' (ephemeral ports) or LO-HI with 1 <= LO <= HI <= 65535, e.g. '40000-40100'"
+
+
+@dataclass(frozen=True)
 class AllreduceConf:
-    host: str = param("", "address the tree server binds; '' = the Spark driver host", Pattern(nonempty=False))
+    host: str = param("", "address the listeners bind: '' = the tree server binds spark.driver.host and each rank its "
+                      "executor's address; 0.0.0.0 or :: = every interface, the tree server's and every rank's (a "
+                      "container whose Spark address is not one of its interfaces); any other address: the tree "
+                      "server's (an interface of the driver)", HostAddress(wildcard=True))
+    advertise_host: str = param("", "address the ranks dial to reach the tree server, when it is not the bound one "
+                                "(NAT, a driver pod behind a Kubernetes service); '' = allreduce.host, or "
+                                "spark.driver.host when that is '' or a wildcard. Ranks advertise their executor's "
+                                "address, which Spark itself needs reachable", HostAddress(wildcard=False))
+    port_range: str = param("", "ports the tree server and every rank listener take, for firewalls that open only "
+                            "these: LO-HI (e.g. 40000-40100), one port per rank running on a host at once plus one "
+                            "on the driver; '' = ephemeral ports", PortRange())
     chunk_bytes: int = param(1 << 20, "pipelining chunk of an AllReduce", Interval(8, 1 << 30, integer=True))
     connect_timeout_s: float = param(30.0, "timeout of every connect", Interval(0, 3600, lo_open=True))
     handshake_timeout_s: float = param(10.0, "a connection must authenticate within this time", Interval(0, 3600, lo_open=True))
@@ -488,6 +529,22 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
     problem = getattr(e, "problem", None) or type(e).__name__
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     return f"{problem}{where}"
+
+
+def check_listen_address(a: AllreduceConf) -> None:
+    """Before Spark starts, on the driver: the tree server can listen on ``allreduce.host``
+    within ``allreduce.port_range`` (when the host is set; '' means spark.driver.host, which
+    Spark itself checks). Raises ConfigError naming the key."""
+    if not a.host:
+        return
+    try:
+        endpoints.listen(a.host, endpoints.parse_port_range(a.port_range)).close()
+    except endpoints.PortRangeExhausted as e:
+        raise ConfigError(f"allreduce.port_range = {a.port_range!r}: {e.strerror}") from None
+    except OSError as e:
+        raise ConfigError(f"allreduce.host = {a.host!r}: the driver cannot listen there ({e.strerror or e}); "
+                          "it must be an address of this machine or a wildcard (peers dial "
+                          "allreduce.advertise_host)") from None
 
 
 def load_config(conf_files: list[str | Path] = (), sets: list[str] = ()) -> Config:

@@ -47,10 +47,12 @@ def _sampling_lines(m: dict) -> list[str]:
 
 
 def train(cfg, data_dir: str, model_dir: str) -> dict:
+    from terascale.jobs.config import check_listen_address
     from terascale.jobs.session import get_spark
     from terascale.jobs.train_job import check_local_slots, check_outputs, run_train
 
     check_outputs(cfg, data_dir, model_dir)  # before the session starts
+    check_listen_address(cfg.allreduce)
     check_local_slots(cfg)
     return run_train(get_spark(cfg.spark, cfg.train.threads), cfg, data_dir, model_dir)
 

@@ -34,7 +34,14 @@ def _base_env(workdir: Path) -> dict[str, str]:
 
 
 class StandaloneCluster:
-    """``with StandaloneCluster(dir, workers=2) as c: c.submit(...)``; stops everything on exit."""
+    """``with StandaloneCluster(dir, workers=2) as c: c.submit(...)``; stops everything on exit.
+
+    Subclasses place the processes elsewhere (tests/multihost/cluster.py: each in a network
+    namespace) through :meth:`command`, :attr:`master_host`, :attr:`driver_host` and
+    :meth:`fetch_json`."""
+
+    master_host = "127.0.0.1"  # the master binds and is reached at this address
+    driver_host = "127.0.0.1"  # spark-submit's driver binds and is reached at this address
 
     def __init__(self, workdir: Path, workers: int = 2, cores: int = 1, memory: str = "2G",
                  start_timeout_s: float = 120.0, hosts: tuple[str, ...] = ("127.0.0.1",)) -> None:
@@ -47,13 +54,21 @@ class StandaloneCluster:
 
     @property
     def master_url(self) -> str:
-        return f"spark://127.0.0.1:{self.port}"
+        return f"spark://{self.master_host}:{self.port}"
+
+    def command(self, role: str, argv: list[str]) -> list[str]:
+        """The command line that runs ``argv`` for ``role`` ("master", "worker<i>", "driver")."""
+        return argv
+
+    def fetch_json(self, url: str) -> dict:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return json.load(r)
 
     def _spawn(self, name: str, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
         env = _base_env(self.dir) | (extra_env or {})
         log = open(self.dir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
         try:
-            p = subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], env=env, stdout=log,
+            p = subprocess.Popen(self.command(name, [str(SPARK_HOME / "bin" / "spark-class"), *args]), env=env, stdout=log,
                                  stderr=subprocess.STDOUT, start_new_session=True)
         except BaseException:
             log.close()
@@ -65,9 +80,10 @@ class StandaloneCluster:
     def __enter__(self) -> StandaloneCluster:
         self.dir.mkdir(parents=True, exist_ok=True)
         try:
-            self._spawn("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+            self._spawn("master", "org.apache.spark.deploy.master.Master", "--host", self.master_host,
                         "--port", str(self.port), "--webui-port", str(self.ui_port),
-                        extra_env={"SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"})
+                        extra_env={"SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
+                                   "SPARK_LOCAL_IP": self.master_host})
             for i in range(self.n_workers):
                 wdir = self.dir / f"worker{i}"
                 wdir.mkdir(exist_ok=True)
@@ -86,8 +102,7 @@ class StandaloneCluster:
         self.stop()
 
     def state(self) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as r:
-            return json.load(r)
+        return self.fetch_json(f"http://{self.master_host}:{self.ui_port}/json/")
 
     def _wait_workers(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
@@ -166,26 +181,32 @@ class Dist:
 
 
 def spark_submit(cluster: StandaloneCluster, dist: Dist, job: str, args: list[str], log_path: Path,
-                 conf: dict[str, str] | None = None, timeout_s: float = 600.0) -> subprocess.Popen:
+                 conf: dict[str, str] | None = None, timeout_s: float = 600.0,
+                 archives: bool = True) -> subprocess.Popen:
     """Start ``spark-submit`` of a terascale job on the cluster (client mode) with the packed
-    artifacts, as the README shows; returns the running process (output in ``log_path``)."""
+    artifacts, as the README shows; returns the running process (output in ``log_path``).
+    ``archives=False``: the executors run the driver's copy of the unpacked environment (a
+    filesystem every host shares) instead of unpacking ``env.tar.gz`` each (about 240 MB per
+    executor and application)."""
     settings = {
-        "spark.pyspark.python": "./env/bin/python",  # executors: the unpacked archive
+        # executors: the unpacked archive, or the driver's unpacked copy
+        "spark.pyspark.python": "./env/bin/python" if archives else str(dist.driver_env / "bin" / "python"),
         "spark.pyspark.driver.python": str(dist.driver_env / "bin" / "python"),  # client mode
         "spark.dynamicAllocation.enabled": "false",
         "spark.ui.enabled": "false",
-        "spark.driver.host": "127.0.0.1",
+        "spark.driver.host": cluster.driver_host,
         "spark.executor.memory": "1g",
         # compiled kernels carry over from one application to the next (pipeline.numba_cache)
         "spark.executorEnv.NUMBA_CACHE_DIR": str(cluster.dir / "numba-cache"),
         **(conf or {}),
     }
     cmd = [str(SPARK_HOME / "bin" / "spark-submit"), "--master", cluster.master_url,
-           "--archives", f"{dist.env_archive}#env", "--py-files", str(dist.pyfiles)]
+           *(["--archives", f"{dist.env_archive}#env"] if archives else []), "--py-files", str(dist.pyfiles)]
     for k, v in settings.items():
         cmd += ["--conf", f"{k}={v}"]
     cmd += [dist.entry(job), *args]
-    env = _base_env(cluster.dir)
+    cmd = cluster.command("driver", cmd)
+    env = _base_env(cluster.dir) | {"SPARK_LOCAL_IP": cluster.driver_host}
     log = open(log_path, "wb")  # noqa: SIM115 - closed by wait()
     try:  # its own process group: a timeout takes down the Python driver it starts as well
         p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=cluster.dir,

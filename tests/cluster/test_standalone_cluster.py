@@ -36,7 +36,7 @@ def site(tmp_path_factory):
     from terascale.pipeline.generate import generate_clicklogs
 
     work = tmp_path_factory.mktemp("standalone")
-    dist = Dist(Path(DIST), work)
+    dist = Dist(Path(DIST), tmp_path_factory.getbasetemp())  # one unpacked env per session
     generate_clicklogs(str(work / "raw"), 60_000, files=2, seed=11, malformed_rate=0.01)
     with StandaloneCluster(work / "cluster", workers=2, cores=1) as cluster:
         yield SimpleNamespace(work=work, dist=dist, cluster=cluster)
