@@ -128,6 +128,9 @@ def test_pass_seconds_adds_its_terms_and_reproduces_the_inputs():
     assert p["compute_s"] == pytest.approx(float(np.median(finish)), rel=1e-15)
     assert p["wait_s"] == pytest.approx(finish.max() - np.median(finish), rel=1e-12)
     assert p["allreduce_s"] == cm.allreduce_seconds(5, 32 << 20, net, 1.6)["seconds"]
+    io = cm.pass_seconds(nnz, 32 << 20, cm.Compute(comp.s_per_nnz, 1.6, io_cores=2.0), net)
+    assert io["allreduce_s"] == cm.allreduce_seconds(5, 32 << 20, net, 2.0)["seconds"]
+    assert io["compute_s"] == p["compute_s"]
     assert p["seconds"] == pytest.approx(p["compute_s"] + p["wait_s"] + p["allreduce_s"], rel=1e-15)
     # threads: one rank of 2 threads alone on 2 cores runs nnz · c(2)
     solo = cm.pass_seconds([10_000_000], 0, cm.Compute({2: 1.2e-8}, cores=2.0), net, threads=2)

@@ -11,14 +11,18 @@ the tree server binds the driver namespace's address (``scaling_driver``). No Sp
 1. Calibration (``scaling_calibrate``): the kernels' seconds per non-zero at T = 1, 2 threads;
    the AllReduce's CPU per byte (κ) and per-hop latency (ℓ) at K = 2 over an unshaped
    namespace link (and over loopback, for comparison); a pool of probe processes that measures
-   the cores K concurrent processes get, just before each measured run (the machine's 2 cores
-   are shared with other work, so this changes from minute to minute).
+   the cores K concurrent processes get, just before and just after each measured run (their
+   mean is the run's C: the machine's 2 cores are shared with other work, and Linux's
+   autogroup scheduling gives each session an equal share, so this changes from minute to
+   minute with what else runs).
 2. Sweep: ``ROUNDS`` rounds over K = 2..8 (alternating order), each run ``PASSES`` passes; per
    run the model's prediction from that run's calibration beside the measurement. Figures are
    medians over the rounds. Each run also times the AllReduce alone (after a barrier, no compute)
    and reads every host's interface counters (bytes that crossed its link).
 3. Effective AllReduce bandwidth at K = 4: the busiest link's payload, f(4)·n = 2n bytes, over the
-   lone AllReduce's seconds (``costmodel.effective_bandwidth_bits``), against 1 Gbit/s.
+   lone AllReduce's seconds (``costmodel.effective_bandwidth_bits``), against 1 Gbit/s: in the
+   sweep, and in runs of the AllReduce alone (no data loaded, 2 × 5 calls) with the socket
+   buffers autotuned (the train job's setting) and fixed at one chunk, interleaved.
 4. Diagnosis: K = 2, 3, 4 AllReduce alone at 200 Mbit/s (where the CPU is no limit), the links'
    socket buffers left to Linux's autotuning (the train job's setting) and fixed at one chunk.
 5. The 1000-node extrapolation with the paper's setup (``paper_extrapolation``).
@@ -115,7 +119,7 @@ def summarize_run(run: dict) -> dict:
 
 def predict_run(summary: dict, c1: float, cores: float, net: cm.Network) -> dict:
     """The model's pass for a run: its shards' non-zeros, the kernel's c(1), the probed cores."""
-    comp = cm.Compute({1: c1}, cores=cores)
+    comp = cm.Compute({1: c1}, cores=cores, io_cores=float(os.cpu_count() or 1))
     return cm.pass_seconds(summary["nnz_per_rank"], summary["vector_bytes"], comp, net)
 
 
@@ -217,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
     print("calibrating AllReduce over loopback ...", flush=True)
     fig["link_loopback"] = link_costs(run_ranks(2, "127.0.0.1", [([], "127.0.0.1")] * 2, _link_only_args(5)))
 
-    with CorePool(dataset, max(ks)) as pool, Network(["driver", *_hosts(max(ks))], rate=RATE, family="tsscale") as net:
+    with CorePool(dataset, max(ks), c1) as pool, Network(["driver", *_hosts(max(ks))], rate=RATE, family="tsscale") as net:
         print("calibrating AllReduce over an unshaped namespace link ...", flush=True)
         for h in _hosts(2):
             net.shape(h, None)
@@ -229,17 +233,30 @@ def main(argv: list[str] | None = None) -> dict:
         runs = []
         for rnd in range(rounds):
             for k in (ks if rnd % 2 == 0 else tuple(reversed(ks))):
-                probe = pool.probe(k)
+                before = pool.probe(k)
                 run = run_k(net, k, ["--dataset", dataset, "--rounds", str(PASSES), "--chunk-bytes", str(CHUNK)])
+                after = pool.probe(k)
+                cores = (before["cores"] + after["cores"]) / 2
                 s = summarize_run(run)
-                pred = predict_run(s, c1, probe["cores"], model_net)
-                runs.append({"round": rnd, "k": k, "cores": probe["cores"], "probe": probe, "measured": s,
-                             "predicted": pred})
-                print(f"round {rnd + 1} K={k}: cores {probe['cores']:.2f}; pass measured {s['pass_s']:.2f} s, "
+                pred = predict_run(s, 1.0 / after["best_solo_rate_nnz_per_s"], cores, model_net)
+                runs.append({"round": rnd, "k": k, "cores": cores, "probe_before": before, "probe_after": after,
+                             "measured": s, "predicted": pred})
+                print(f"round {rnd + 1} K={k}: cores {before['cores']:.2f}/{after['cores']:.2f}; "
+                      f"pass measured {s['pass_s']:.2f} s, "
                       f"predicted {pred['seconds']:.2f} s; AllReduce alone {s['allreduce_s']:.3f} s "
                       f"(predicted {pred['allreduce_s']:.3f}); busiest link {s['busiest_link_vectors']:.2f} vectors",
                       flush=True)
         fig["runs"] = runs
+        print("K = 4 AllReduce alone, socket buffers auto and fixed at one chunk ...", flush=True)
+        k4 = []
+        for _ in range(2):
+            for sockbuf in (0, CHUNK):
+                r = summarize_link_run(run_k(net, 4, _link_only_args(5, sockbuf)), LINK_BITS)
+                r["socket_buffer_bytes"] = sockbuf
+                k4.append(r)
+                print(f"1 Gbit/s K=4 socket buffers {sockbuf or 'auto'}: {r['seconds']:.3f} s, "
+                      f"{r['fraction_of_link']:.0%} of the link", flush=True)
+        fig["k4_link_only"] = k4
         print("diagnosis at 200 Mbit/s ...", flush=True)
         for h in _hosts(4):
             net.shape(h, SLOW_RATE)
@@ -318,6 +335,7 @@ def plot(fig: dict, path: Path) -> Path:
     """Three panels: the pass predicted and measured against K; the AllReduce alone predicted and
     measured against K with its effective bandwidth; the 1000-node tail with and without spares."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -360,23 +378,28 @@ def plot(fig: dict, path: Path) -> Path:
     paper = fig["paper"]
     t10 = paper["tail"]["0.1"]
     tail = cm.TailModel(**t10["model"])
-    xs = np.linspace(0.5, 4.0, 400)
-    a.plot(34 * xs, cm.mixture_cdf(tail, xs), color="#756bb1", label="model: one host's compute (p_busy = 10%)")
+    xs = np.geomspace(20, 1000, 400)
+    a.plot(xs, 1 - cm.mixture_cdf(tail, xs / 34.0), color="#756bb1", label="model: one host (p_busy = 10%)")
     rng = np.random.default_rng(1)
     for s, col in ((0, "#de2d26"), (50, "#3182bd")):
         sim = cm.simulate_cluster(tail, 1000, s, 34.0, rng)
         srt = np.sort(sim["later"])
-        a.step(srt, np.arange(1, srt.size + 1) / srt.size, where="post", color=col, alpha=0.8,
-               label=f"one simulated job, {s} spares (max {srt[-1]:.0f} s)")
+        a.step(srt, 1 - np.arange(srt.size) / srt.size, where="post", color=col, alpha=0.8,
+               label=f"one simulated job of 1000, {s} spares (max {srt[-1]:.0f} s)")
     for key, mk, col in (("without", "x", "#de2d26"), ("with", "o", "#3182bd")):
         t = fig_paper_quantiles(key)
-        a.plot(t[:3], [0.05, 0.5, 0.95], mk, color=col, ms=8, mfc="none",
-               label=f"paper Table 2 {key} spec. exec. (max {t[3]} s)")
-    a.set_xlim(20, 140)
-    a.set_xlabel("seconds of compute per pass (1000 nodes)")
-    a.set_ylabel("share of hosts")
+        a.plot(t, [0.95, 0.5, 0.05, 0.001], mk, color=col, ms=8, mfc="none",
+               label=f"paper Table 2, {key} spec. exec.: 5/50/95%, max")
+    a.set_xscale("log")
+    a.set_yscale("log")
+    a.set_xlim(20, 1000)
+    a.set_xticks([20, 50, 100, 200, 500, 1000], ["20", "50", "100", "200", "500", "1000"])
+    a.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    a.set_ylim(5e-4, 1.2)
+    a.set_xlabel("seconds of compute per pass, later passes (1000 nodes)")
+    a.set_ylabel("share of hosts at least this slow")
     a.set_title("1000 nodes: the slow-host tail")
-    a.legend(fontsize=7, loc="lower right")
+    a.legend(fontsize=7, loc="upper right")
     f.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     f.savefig(path, dpi=110)

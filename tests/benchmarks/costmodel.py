@@ -30,9 +30,12 @@ one chunk every τ = f·(n/M)/B, so
 ℓ the per-hop software latency (a frame through two processes' sockets). A pass is CPU-bound
 instead when sealing, sending, receiving, opening and adding the chunks outruns the cores: every
 edge moves the vector in each direction, 2(K−1)·n bytes in all, at κ CPU seconds per byte and
-direction (both endpoints, measured over loopback), so
+direction (both endpoints, measured over one link), so
 
-    T_allreduce = max(T_link, 2(K−1)·n·κ / C).
+    T_allreduce = max(T_link, 2(K−1)·n·κ / C_io)
+
+with C_io the cores the AllReduce's threads can use (``Compute.io_cores``: on a machine shared
+with CPU-bound work, more than the compute's C, as threads waking from socket waits run first).
 
 **Tail** (:class:`TailModel`): per-host compute times t_k = t_med · b_k · s_k, b_k the host's
 speed (lognormal, σ) and s_k its slowdown: 1, or with probability ``p_busy`` a busy host
@@ -134,7 +137,12 @@ class Compute:
     cores the ranks actually have."""
 
     s_per_nnz: dict[int, float]  # T -> seconds per non-zero, one process alone on the machine
-    cores: float  # effective cores available to all ranks together (C)
+    cores: float  # effective cores available to all ranks' compute together (C)
+    #: cores the AllReduce's threads can use (None: ``cores``). They sleep on sockets most of the
+    #: time and the scheduler runs a thread that wakes from a sleep ahead of ones that have been
+    #: computing, so on a machine shared with CPU-bound work they get more than the ranks'
+    #: compute share: the machine's cores.
+    io_cores: float | None = None
 
     def work(self, nnz: int, threads: int = 1) -> float:
         """Seconds of one rank's pass over ``nnz`` non-zeros with ``threads`` threads, alone."""
@@ -175,7 +183,7 @@ def pass_seconds(nnz_per_rank: Sequence[int], nbytes: int, comp: Compute, net: N
     per_rank = finish.reshape(len(nnz_per_rank), threads).max(axis=1) if work else finish
     makespan = float(per_rank.max()) if per_rank.size else 0.0
     median = float(np.median(per_rank)) if per_rank.size else 0.0
-    ar = allreduce_seconds(len(nnz_per_rank), nbytes, net, comp.cores)
+    ar = allreduce_seconds(len(nnz_per_rank), nbytes, net, comp.io_cores or comp.cores)
     return {"seconds": makespan + ar["seconds"], "compute_s": median, "wait_s": makespan - median,
             "allreduce_s": ar["seconds"], **{f"allreduce_{key}": v for key, v in ar.items() if key != "seconds"}}
 

@@ -5,12 +5,13 @@
   zero state each time) over one shard in this process, at T = 1 and 2 threads, interleaved;
   best and median of ``repeats``. The best is the model's c(T): the rate of a core nobody else
   wants (the machine is shared, so the median is slower).
-- :class:`CorePool`: ``n`` probe processes, each holding the same slice of the benchmark data
-  (one row group). :meth:`CorePool.probe` runs a gradient pass in ``k`` of them at once and
-  returns the cores those ``k`` processes actually got, in units of a free core: their
-  aggregate non-zeros per second over the best single-process rate any probe has seen. Run just
-  before a measurement with ``k`` ranks, it is the C of the model's compute makespan for that
-  measurement (other work on the machine takes the rest).
+- :class:`CorePool`: ``n`` probe processes, each holding the shard :func:`kernel_costs` timed
+  (shard 0 of the 4-shard plan). :meth:`CorePool.probe` runs a gradient pass in ``k`` of them
+  at once and returns the cores those ``k`` processes actually got, in units of a free core:
+  their aggregate non-zeros per second times c(1), the best seconds per non-zero of one process
+  (``free_s_per_nnz``: :func:`kernel_costs`' best, or a probe's solo pass if that was faster).
+  Run just before a measurement with ``k`` ranks, it is the C of the model for that measurement
+  (other work on the machine takes the rest).
 - The AllReduce's CPU per byte (κ) and per-hop latency (ℓ) come from ``scaling_rank
   --link-only`` at K = 2 (one edge): κ = CPU seconds of both ranks (all threads: seal, send,
   receive, open, add) / (2 × vector bytes), ℓ = the mean time of a 4-scalar AllReduce / 2 hops.
@@ -91,7 +92,7 @@ def _probe_worker(dataset: str, conn) -> None:
     from terascale.solvers.threads import SERIAL
     from tests.benchmarks.scaling_rank import load_shard
 
-    shard = load_shard(dataset, 8, 0)
+    shard = load_shard(dataset, 4, 0)
     _gradient_seconds(shard, SERIAL)
     conn.send(int(shard.indptr[-1]))
     while True:
@@ -107,7 +108,7 @@ def _probe_worker(dataset: str, conn) -> None:
 class CorePool:
     """``n`` probe processes for :meth:`probe` (module docstring); a context manager."""
 
-    def __init__(self, dataset: str, n: int = 8) -> None:
+    def __init__(self, dataset: str, n: int = 8, free_s_per_nnz: float = float("inf")) -> None:
         self._conns, self._procs = [], []
         for _ in range(n):
             a, b = _CTX.Pipe()
@@ -116,7 +117,7 @@ class CorePool:
             self._conns.append(a)
             self._procs.append(p)
         self.nnz = [c.recv() for c in self._conns][0]
-        self.best_solo_rate = 0.0  # non-zeros per second of one process alone, the best seen
+        self.best_solo_rate = 1.0 / free_s_per_nnz  # non-zeros per second of a free core
 
     def __enter__(self) -> CorePool:
         return self
@@ -140,10 +141,10 @@ class CorePool:
         rate = k * passes * self.nnz / wall
         return {"k": k, "wall_s": wall, "rate_nnz_per_s": rate, "pass_s": [s for r in res for s in r[2]]}
 
-    def probe(self, k: int, passes: int = 2) -> dict[str, Any]:
+    def probe(self, k: int, passes: int = 1) -> dict[str, Any]:
         """The cores ``k`` concurrent processes get now, in free cores (module docstring);
-        also refreshes the best single-process rate (two solo passes first)."""
-        solo = self._run(1, 2)
+        also refreshes the best single-process rate (a solo pass first)."""
+        solo = self._run(1, 1)
         self.best_solo_rate = max(self.best_solo_rate, self.nnz / min(solo["pass_s"]))
         many = solo if k == 1 else self._run(k, passes)
         return {**many, "solo_rate_nnz_per_s": self.nnz / min(solo["pass_s"]),
