@@ -208,8 +208,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(doc_tables(res))
         return res
     why = unavailable()
-    if why:
-        raise RuntimeError(f"bench_scaling needs network namespaces: {why}")
+    if why:  # make bench goes on with the other benchmarks; the result says why
+        print(f"bench_scaling skipped: it needs network namespaces: {why}", flush=True)
+        return {"skipped": why}
     ks, rounds = ((2, 4, 8), 1) if args.quick else (KS, ROUNDS)
     dataset = str(_dataset())
     fig: dict = {"cpu_count": os.cpu_count(), "load_average_1m": {"start": os.getloadavg()[0]}, "dataset": dataset,
