@@ -44,7 +44,7 @@ WORKER_HOSTS = ["h0", "h1", "h2", "h3"]
 PORTS = "42000-42009"
 BITS = 18
 TRAIN = ["--set", "train.solver=hybrid", "--set", "train.workers=3", "--set", "train.passes=6",
-         "--set", "train.checkpoint_interval_s=0", "--set", "train.holdout_period=0"]
+         "--set", "train.checkpoint_interval_s=0", "--set", "train.holdout_period=0", "--set", "train.l2=1e-6"]
 ON_CLUSTER = ["--set", "train.spares=1", "--set", f"allreduce.port_range={PORTS}"]
 
 
