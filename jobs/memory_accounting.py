@@ -120,12 +120,12 @@ class Plan:
     holdout: bool  # the held-out rows are split off (while reading: no second CSR)
     workers: int
     chunk_bytes: int
-    path: bool = False  # train.l2 = auto: a regularization path (solvers.regpath)
+    path: bool = False  # train.l2 or train.l1 = auto: a regularization path (solvers.regpath)
 
     @classmethod
     def of(cls, p, holdout: bool, workers: int, chunk_bytes: int) -> Plan:
         """From any object with the solver's parameters (a ``TrainConf``, ``SolverParams``)."""
-        return cls(p.solver, p.lbfgs_memory, p.threads, p.partition, holdout, workers, chunk_bytes, p.l2 == "auto")
+        return cls(p.solver, p.lbfgs_memory, p.threads, p.partition, holdout, workers, chunk_bytes, "auto" in (p.l2, p.l1))
 
 
 @dataclass(frozen=True)

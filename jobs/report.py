@@ -28,6 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from terascale.jobs.memory_accounting import CATEGORIES, fmt_bytes  # noqa: E402
+from terascale.jobs.steps import penalties_text  # noqa: E402
 from terascale.pipeline import modeldir  # noqa: E402
 from terascale.pipeline.redact import redact  # noqa: E402
 
@@ -116,7 +117,7 @@ def _memory_plot(ranks: list[dict], estimate: dict) -> bytes:
 
 def _path_plot(reg: dict) -> bytes:
     """Held-out loss and training objective of every step of a regularization path against its
-    λ (log axis), the chosen step marked."""
+    λ (log axis), the chosen step marked; an L1 path also its non-zero counts (right axis)."""
     name, steps = reg["penalty"], reg["steps"]
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     lam = [st[name] for st in steps]
@@ -133,23 +134,30 @@ def _path_plot(reg: dict) -> bytes:
     ax.set_xlabel(f"{name} (path order: left to right)")
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left")
+    if name == "l1" and all("nonzeros" in st for st in steps):  # the sparsity side of an L1 path
+        nz = ax.twinx()
+        nz.plot(lam, [max(st["nonzeros"], 1) for st in steps], color="grey", ls="--", marker=".", label="non-zeros")
+        nz.set_yscale("log")
+        nz.set_ylabel("non-zero weights")
+        nz.legend(loc="upper right")
     return _png(fig)
 
 
 def _path_section(meta: dict, images: dict[str, bytes]) -> list[str]:
-    """The regularization path (``train.l2 = auto``): the plot and one row per step."""
+    """The regularization path (``train.l2`` or ``train.l1 = auto``): the plot and one row per step."""
     reg = meta.get("regularization")
     if not reg:
         return []
     name = reg["penalty"]
     rows = [[str(st["step"] + 1), f"{st[name]:.3g}", "n/a" if st["holdout_loss"] is None else f"{st['holdout_loss']:.6f}",
-             f"{st['objective']:.6f}", str(st["passes"]), f"{st['seconds']:.2f}", str(st["stop_reason"]),
-             "yes" if st["step"] == reg["chosen_step"] else ""] for st in reg["steps"]]
+             f"{st['objective']:.6f}", f"{st['nonzeros']:,}" if "nonzeros" in st else "n/a", str(st["passes"]),
+             f"{st['seconds']:.2f}", str(st["stop_reason"]), "yes" if st["step"] == reg["chosen_step"] else ""]
+            for st in reg["steps"]]
     return ["<h2>Regularization path</h2>", "<p>" + html.escape(f"{name} = auto: {reg['rule']}. Chosen: {reg['value']:g}"
             + (f" (the path stopped early: {reg['stop']})." if reg["stop"] != "end" else ".")) + "</p>",
             _img("regularization_path", images["regularization_path"], f"held-out loss and objective against {name}"),
-            _grid(["step", name, "held-out loss", "objective", "passes", "seconds", "stopped", "chosen"], rows)]
+            _grid(["step", name, "held-out loss", "objective", "non-zeros", "passes", "seconds", "stopped", "chosen"], rows)]
 
 
 def _roc_plot(c: dict, auroc: float) -> bytes:
@@ -280,9 +288,7 @@ def _html(meta: dict, metrics: dict | None, images: dict[str, bytes]) -> str:
     t = meta["config"]["train"]
     d = meta["data"]
     summary = [
-        ("solver", f"{t['solver']} ({len(meta['per_rank'])} workers), loss {t['loss']}, l2 "
-                   + (f"auto: {meta['regularization']['value']:g}" if meta.get("regularization") else f"{t['l2']:g}")
-                   + (f", l1 {t['l1']:g}" if t.get("l1") else "")),
+        ("solver", f"{t['solver']} ({len(meta['per_rank'])} workers), loss {t['loss']}, {penalties_text(meta)}"),
         *([("weights", f"{w['nonzeros']:,} non-zero of {w['length']:,} (stored {w['storage']})")]
           if (w := meta.get("weights")) else []),
         ("data", f"{d.get('train_rows', 0):,} training rows, {d.get('holdout_rows', 0):,} held out, 2^{meta['spec']['bits']} features"),

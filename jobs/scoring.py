@@ -29,7 +29,7 @@ from terascale.pipeline.redact import redact_text
 from terascale.pipeline.sampling import dataset_negative_rate, logit_shift, model_negative_rate
 from terascale.pipeline.verify import catching, raise_bad_files, read_row_groups
 from terascale.solvers.catalogue import loss_spec
-from terascale.solvers.regpath import effective_l2
+from terascale.solvers.regpath import effective_l2, effective_penalty
 
 log = logging.getLogger("terascale.scoring")
 _MODEL_CACHE: dict[tuple[str, str], tuple[np.ndarray, float, str, float]] = {}
@@ -126,7 +126,7 @@ def evaluate(spark, data_dir: str, model_dir: str) -> dict:
         loss_sum, weight_sum = loss_sum + ls, weight_sum + ws
     out = total.finalize()
     l2 = effective_l2(meta)  # a regularization path's choice, or the configured number
-    l1 = float(meta["config"]["train"].get("l1", 0.0))  # models from before train.l1: 0
+    l1 = effective_penalty(meta, "l1")  # the same; models from before train.l1: 0
     w = _model(model)[0]
     out["objective"] = objective(loss_sum, weight_sum, w, l2, l1)
     out["objective_definition"] = (f"(1/sum w) sum w * {loss}(y, x.beta + b) + {l1:g} |beta|_1 + {l2:g}/2 |beta|^2 "

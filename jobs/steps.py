@@ -58,12 +58,27 @@ def train(cfg, data_dir: str, model_dir: str) -> dict:
 
 
 def l2_text(value) -> str:
-    """``train.l2`` for display: ``auto`` or the number."""
+    """A penalty (``train.l2``, ``train.l1``) for display: ``auto`` or the number."""
     return value if isinstance(value, str) else f"{value:g}"
 
 
+def penalties_text(meta: dict) -> str:
+    """A model's penalties for display: ``l2 1e-06``, ``l2 auto: 1e-06``, ``l2 0, l1 auto: 1e-05``
+    (l1 only when set: a path's choice shown after ``auto:``)."""
+    t, reg = meta["config"]["train"], meta.get("regularization") or {}
+    parts = []
+    for name in ("l2", "l1"):
+        value = t.get(name, 0.0)
+        if reg.get("penalty") == name:
+            parts.append(f"{name} auto: {reg['value']:g}")
+        elif name == "l2" or value:
+            parts.append(f"{name} {l2_text(value)}")
+    return ", ".join(parts)
+
+
 def path_lines(meta: dict) -> list[str]:
-    """A regularization path (``train.l2 = auto``, solvers.regpath): one line per step, the chosen one marked."""
+    """A regularization path (``train.l2`` or ``train.l1 = auto``, solvers.regpath): one line per step, the chosen
+    one marked."""
     reg = meta.get("regularization")
     if not reg:
         return []
@@ -73,8 +88,9 @@ def path_lines(meta: dict) -> list[str]:
     for st in reg["steps"]:
         h = "n/a" if st["holdout_loss"] is None else f"{st['holdout_loss']:.6f}"
         mark = " <-" if st["step"] == reg["chosen_step"] else ""
+        nz = f", {st['nonzeros']:,} non-zero" if "nonzeros" in st else ""  # paths from before the count: none
         out.append(f"    {name} {st[name]:<9.3g} held-out {h}, objective {st['objective']:.6f}, {st['passes']} passes, "
-                   f"{st['seconds']:.2f} s{mark}")
+                   f"{st['seconds']:.2f} s{nz}{mark}")
     return out
 
 
@@ -84,8 +100,8 @@ def train_summary(meta: dict) -> str:
     held = [x for x in h if x.get("holdout_loss") is not None]
     best = min(held, key=lambda x: x["holdout_loss"]) if held else None
     return "\n".join([
-        f"  solver             {meta['config']['train']['solver']} ({len(ranks)} workers), loss {meta['config']['train']['loss']}, l2 {l2_text(meta['config']['train']['l2'])}"
-        + (f", l1 {l1:g}" if (l1 := meta["config"]["train"].get("l1")) else ""),
+        f"  solver             {meta['config']['train']['solver']} ({len(ranks)} workers), loss "
+        f"{meta['config']['train']['loss']}, {penalties_text(meta)}",
         *path_lines(meta),
         f"  rows               {meta['data']['train_rows']:,} train + {meta['data']['holdout_rows']:,} held out"
         + (f" (negatives kept at rate {r:g}, weighted 1/{r:g})" if (r := meta["data"].get("negative_rate", 1.0)) < 1 else ""),

@@ -134,7 +134,10 @@ class _Declarations:
                       "a solver with a path: hybrid or lbfgs)", AutoOr(Interval(0, None)))
     l1: float = param(0.0, "lambda_1 of the L1 penalty lambda_1 |beta|_1 added to the objective (elastic net with l2; "
                       "b unpenalized): > 0 makes the L-BFGS phase OWL-QN and the online passes shrink weights to 0 "
-                      "(truncated gradient), so the model is sparse; not with cocoa", Interval(0, None))
+                      "(truncated gradient), so the model is sparse; not with cocoa; auto = fit a decreasing path of 8 "
+                      "values from 1e-4 to 1e-8 in one run (sparse to dense, each warm-started from the one before) "
+                      "and keep the one with the best held-out loss, as l2 = auto does (then l2 must be a number)",
+                      AutoOr(Interval(0, None)))
     passes: int = param(20, "maximum passes over the data, online passes included", Interval(1, 100000, integer=True))
     online_passes: int = param(1, "hybrid: online passes before L-BFGS starts", Interval(0, 100000, integer=True))
     learning_rate: float = param(0.5, "online learning rate (Vowpal Wabbit's -l)", Interval(0, None, lo_open=True))
@@ -236,7 +239,7 @@ def _check_hybrid(p: Any) -> None:
 
 
 def _check_cocoa(p: Any) -> None:
-    if p.l1 > 0:
+    if p.l1 == "auto" or p.l1 > 0:
         raise error("train.l1", p.l1, "0 with train.solver = 'cocoa' (its dual has no L1 term); use hybrid, lbfgs "
                     "or online for an L1 or elastic-net model")
     if p.l2 != "auto" and p.l2 <= 0:
@@ -256,6 +259,8 @@ _PRIMAL_LOSSES = tuple(LOSSES)
 _DUAL_LOSSES = tuple(n for n, s in LOSSES.items() if s.dual)
 
 SOLVERS: dict[str, SolverSpec] = {}
+#: the penalties whose parameter accepts ``auto``: a regularization path (solvers.regpath.PATHS)
+AUTO_PENALTIES = ("l2", "l1")
 
 
 def register_solver(spec: SolverSpec, *, replace: bool = False) -> SolverSpec:
@@ -281,17 +286,23 @@ def solver_spec(name: str) -> SolverSpec:
 
 def check_solver_params(p: Any) -> None:
     """The cross-checks of ``p`` (SolverParams): the solver exists, supports the loss and the
-    device, its own checks pass, and `l2 = auto` has a solver that fits a path. One error format (:mod:`terascale.solvers.constraints`)."""
+    device, its own checks pass, and a penalty at `auto` (at most one) has a solver that fits a path. One error format (:mod:`terascale.solvers.constraints`)."""
     spec = solver_spec(p.solver)
     if p.loss not in spec.losses:
         raise error("train.loss", p.loss, f"one of {', '.join(repr(n) for n in spec.losses)} with "
                     f"train.solver = {spec.name!r}")
     if spec.check is not None:
         spec.check(p)
-    if p.l2 == "auto" and not spec.path:
-        raise error("train.l2", p.l2, f"a number with train.solver = {spec.name!r}: 'auto' fits a regularization "
-                    "path, which needs a solver that can (" + ", ".join(repr(n) for n, s in SOLVERS.items() if s.path)
-                    + ")")
+    autos = [n for n in AUTO_PENALTIES if getattr(p, n) == "auto"]
+    if len(autos) > 1:
+        raise ConfigError(" and ".join(f"train.{n} = 'auto'" for n in autos) + ": a run fits one regularization "
+                          "path, over one penalty; set the other to a number (train.l2 is auto by default: for an "
+                          "L1 path set e.g. train.l2=1e-8, or train.l2=0 for a pure L1 model)")
+    for name in autos:
+        if not spec.path:
+            raise error("train." + name, "auto", f"a number with train.solver = {spec.name!r}: 'auto' fits a "
+                        "regularization path, which needs a solver that can ("
+                        + ", ".join(repr(n) for n, s in SOLVERS.items() if s.path) + ")")
 
 
 register_solver(SolverSpec(

@@ -133,3 +133,22 @@ def test_l2_takes_auto_or_a_number_from_files_and_sets(tmp_path):
     assert load_config([], ["train.holdout_period=0", "train.l2=1e-6"]).train.l2 == 1e-6
     with pytest.raises(ConfigError, match=r"train.l2 = 'auto': must be a number with train.solver = 'cocoa'"):
         load_config([], ["train.solver=cocoa"])
+
+
+def test_l1_takes_auto_with_l2_a_number(tmp_path):
+    assert Config().train.l1 == 0.0
+    conf = tmp_path / "c.yaml"
+    conf.write_text("train: {l1: auto, l2: 0}\n")
+    assert (load_config([conf]).train.l1, load_config([conf]).train.l2) == ("auto", 0.0)
+    assert load_config([], ["train.l1=auto", "train.l2=1e-8"]).train.l1 == "auto"
+    assert load_config([], ["train.l1=3e-6"]).train.l1 == 3e-6
+    # l2 is auto by default: the error names both keys and what to do
+    with pytest.raises(ConfigError, match=r"train.l2 = 'auto' and train.l1 = 'auto': a run fits one regularization "
+                                          r"path, over one penalty; set the other to a number \(train.l2 is auto by "
+                                          r"default: for an L1 path set e.g. train.l2=1e-8, or train.l2=0"):
+        load_config([], ["train.l1=auto"])
+    with pytest.raises(ConfigError, match=r"train.l1 = 'auto': chooses l1 by the held-out loss, which needs held-out "
+                                          r"rows: .*or set train.l1 to a number"):
+        load_config([], ["train.l1=auto", "train.l2=0", "train.holdout_period=0"])
+    with pytest.raises(ConfigError, match=r"train.l1 = -1.0: must be 'auto' or a finite number in \[0, inf\]"):
+        load_config([], ["train.l1=-1"])

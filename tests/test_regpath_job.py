@@ -1,6 +1,6 @@
-"""train.l2 = auto (the default) through the train job: the path is recorded in metadata.json,
-summarised, plotted in the report and used by evaluate; a task failing inside the path resumes
-from its checkpoint on the same λ and the model has the clean run's bits."""
+"""train.l2 = auto (the default) and train.l1 = auto through the train job: the path is recorded
+in metadata.json, summarised, plotted in the report and used by evaluate; a task failing inside
+the path resumes from its checkpoint on the same λ and the model has the clean run's bits."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from terascale.pipeline.generate import generate_clicklogs
 from terascale.pipeline.modeldir import load_model
 from terascale.pipeline.spark_featurize import run_featurize
 from terascale.pipeline.spec import FeatureSpec
-from terascale.solvers.regpath import PATHS, effective_l2
+from terascale.solvers.regpath import PATHS, effective_l2, effective_penalty
 
 pytestmark = pytest.mark.spark
 BASE = ["train.workers=2", "train.passes=6", "train.checkpoint_interval_s=0", "spark.master=local[2]"]
@@ -92,3 +92,29 @@ def test_a_rank_failing_inside_the_path_resumes_on_the_same_lambda(spark, data, 
     drop = ("seconds",)
     assert [{k: v for k, v in s.items() if k not in drop} for s in hurt["regularization"]["steps"]] == \
         [{k: v for k, v in s.items() if k not in drop} for s in steps]
+
+
+def test_l1_auto_fits_an_l1_path_and_evaluate_uses_its_choice(spark, data, tmp_path):
+    out = tmp_path / "m"
+    cfg = load_config([], [*BASE, "train.l1=auto", "train.l2=1e-8"])
+    meta = run_train(spark, cfg, str(data / "tr"), str(out))
+    reg = meta["regularization"]
+    assert reg["penalty"] == "l1" and meta["config"]["train"]["l1"] == "auto"
+    steps = reg["steps"]
+    assert [s["l1"] for s in steps] == PATHS["l1"].values()[: len(steps)]
+    holdouts = [s["holdout_loss"] for s in steps]
+    assert reg["chosen_step"] == holdouts.index(min(holdouts)) and reg["value"] == steps[reg["chosen_step"]]["l1"]
+    w, b, _ = load_model(str(out))
+    # the model is the chosen step's, with its non-zero count; the path goes from sparse to dense
+    assert np.count_nonzero(w) == steps[reg["chosen_step"]]["nonzeros"] == meta["weights"]["nonzeros"]
+    assert steps[0]["nonzeros"] < steps[-1]["nonzeros"] < w.size
+    assert effective_penalty(meta, "l1") == reg["value"] and effective_l2(meta) == 1e-8
+    text = train_summary(meta)
+    assert f"l2 1e-08, l1 auto: {reg['value']:g}" in text and "l1 path" in text and " non-zero" in text
+    metrics = evaluate(spark, str(data / "te"), str(out))
+    assert f"+ {reg['value']:g} |beta|_1 + 1e-08/2 |beta|^2" in metrics["objective_definition"]
+    assert metrics["nonzeros"] == np.count_nonzero(w)
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    page = open(build_report(str(out), str(tmp_path / "metrics.json"), str(tmp_path / "r"))).read()
+    assert f"l1 auto: {reg['value']:g}" in page and "<th>non-zeros</th>" in page
+    assert np.isfinite(b)

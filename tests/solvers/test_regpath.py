@@ -1,5 +1,6 @@
-"""train.l2 = auto: the regularization path (solvers.regpath) picks the λ with the best held-out
-loss, is deterministic on every rank, resumes on the same λ, and refuses what it cannot do."""
+"""train.l2 = auto and train.l1 = auto: the regularization path (solvers.regpath) picks the λ with
+the best held-out loss, is deterministic on every rank, resumes on the same λ, and refuses what
+it cannot do."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import dataclasses
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from terascale.allreduce.communicator import LocalCommunicator
 from terascale.solvers.api import SolverParams, train
+from terascale.solvers.catalogue import AUTO_PENALTIES
 from terascale.solvers.constraints import ConfigError
 from terascale.solvers.data import CSRData
 from terascale.solvers.errors import InvalidInputError
@@ -240,3 +243,100 @@ def test_the_path_reads_its_rows_again_even_when_handed_them():
     handed = train(mine, LocalCommunicator(), params, holdout=ho, consume_data=True)
     assert handed.weights.tobytes() == kept.weights.tobytes()
     assert mine.indices.tobytes() == tr.indices.tobytes()
+
+
+def l1_problem(c: float = 0.003, n: int = 3000, d: int = 300, k: int = 30, seed: int = 5) -> tuple[CSRData, CSRData]:
+    """(training rows, held-out rows): binary features scaled by c, labels from a planted model
+    on k of the d features, so L1 helps; λ₁ acts as λ₁/c, which puts the best held-out λ₁ inside
+    the path (its 3rd value, 7.2e-6, keeping about 56 of the 300 weights)."""
+    rng = np.random.default_rng(seed)
+    x = sp.random(n, d, density=0.03, random_state=rng, format="csr", data_rvs=lambda m: np.ones(m))
+    beta = np.zeros(d)
+    beta[rng.choice(d, k, replace=False)] = rng.normal(0.0, 2.0, k)
+    y = (rng.random(n) < 1.0 / (1.0 + np.exp(-(x @ beta - 0.5)))).astype(np.float64)
+    data = CSRData.from_scipy(x * c, y, n_features=d)
+    m = int(n * 0.8)
+    return row_slice(data, 0, m), row_slice(data, m, n)
+
+
+L1_CONVERGED = {"solver": "lbfgs", "l2": 0.0, "l1": "auto", "early_stop_passes": 0, "tol": 1e-10, "passes": 300}
+
+
+def test_the_l1_path_rule_and_one_auto_penalty_per_run():
+    assert PATHS["l1"].values() == LAMBDAS  # the same fixed values, 1e-4 down to 1e-8 (regpath docstring)
+    assert set(AUTO_PENALTIES) == set(PATHS)  # every penalty the catalogue lets be auto has a rule
+    with pytest.raises(ConfigError, match=r"train.l2 = 'auto' and train.l1 = 'auto': a run fits one regularization "
+                                          r"path, over one penalty; set the other to a number"):
+        SolverParams(l2="auto", l1="auto")
+    with pytest.raises(ConfigError, match=r"train.l1 = 'auto': must be a number with train.solver = 'online'"):
+        SolverParams(solver="online", l2=1e-6, l1="auto")
+    with pytest.raises(ConfigError, match=r"train.l1 = 'auto': must be 0 with train.solver = 'cocoa'"):
+        SolverParams(solver="cocoa", l2=1e-6, l1="auto")
+    with pytest.raises(ConfigError, match=r"train.l1 = -1e-06: must be 'auto' or a finite number in \[0, inf\]"):
+        SolverParams(l2=1e-6, l1=-1e-6)
+
+
+def test_the_l1_path_picks_the_fixed_l1_with_the_best_held_out_loss():
+    tr, ho = l1_problem()
+    res = train_local(tr, SolverParams(**L1_CONVERGED), holdout=ho)
+    separate, nonzeros, objectives = [], [], []
+    for lam in LAMBDAS:  # each λ₁ fitted from zero: OWL-QN reaches the same optimum as from the warm start
+        fit = train_local(tr, SolverParams(**{**L1_CONVERGED, "l1": lam}), holdout=ho)
+        assert fit.stop_reason.startswith("converged")
+        separate.append(holdout_logloss(ho, fit.weights, fit.intercept))
+        nonzeros.append(int(np.count_nonzero(fit.weights)))
+        objectives.append(fit.objective)
+    best = int(np.argmin(separate))
+    assert 0 < best < len(LAMBDAS) - 1 and 0 < nonzeros[best] < tr.n_features // 2  # interior and sparse
+    path = res.path
+    assert path["penalty"] == "l1" and path["chosen_step"] == best and path["value"] == LAMBDAS[best]
+    assert path["stop"] == "patience" and len(path["steps"]) == best + 3  # two worse steps after the best
+    for st in path["steps"]:  # the same optimum: f to 1e-9; the weights (so the held-out loss) less sharply
+        assert st["objective"] == pytest.approx(objectives[st["step"]], rel=1e-9)
+        assert st["holdout_loss"] == pytest.approx(separate[st["step"]], rel=1e-4)
+        assert abs(st["nonzeros"] - nonzeros[st["step"]]) <= 1  # a weight at ~0 may land either side
+    assert [st["nonzeros"] for st in path["steps"]] == sorted(st["nonzeros"] for st in path["steps"])  # denser
+    assert np.count_nonzero(res.weights) == path["steps"][best]["nonzeros"]
+    assert holdout_logloss(ho, res.weights, res.intercept) == pytest.approx(separate[best], rel=1e-4)
+    f = objective_np(tr, res.weights, res.intercept, 0.0) + LAMBDAS[best] * np.abs(res.weights.astype(np.float64)).sum()
+    assert res.objective == pytest.approx(f, rel=1e-9)
+    assert sorted({e["l1"] for e in res.history}, reverse=True) == [st["l1"] for st in path["steps"]]
+
+
+@pytest.mark.parametrize("solver", ["hybrid", "lbfgs"])
+def test_each_l1_step_is_the_fixed_l1_fit_warm_started_from_the_step_before(solver):
+    """The replay of an L1 path as separate runs (step 0 the solver, later steps OWL-QN from the
+    step before's weights), with early stopping on: the same bits, and the steps' records hold
+    their models' non-zero counts."""
+    tr, ho = l1_problem(n=1500, d=200)
+    params = SolverParams(solver=solver, l2=1e-8, l1="auto", passes=12)
+    res = train_local(tr, params, holdout=ho)
+    init, replay = None, []
+    for st in res.path["steps"]:
+        p = dataclasses.replace(params, l1=st["l1"], solver=solver if st["step"] == 0 else "lbfgs")
+        fit = train_local(tr, p, holdout=ho, init=init)
+        assert step_holdout(fit.history, early_stopping=True)[0] == st["holdout_loss"]
+        assert (len(fit.history), fit.stop_reason, fit.objective) == (st["passes"], st["stop_reason"], st["objective"])
+        assert st["nonzeros"] == np.count_nonzero(fit.weights)
+        replay.append(fit)
+        init = (fit.weights, fit.intercept)
+    chosen = replay[res.path["chosen_step"]]
+    assert res.weights.tobytes() == chosen.weights.tobytes() and res.intercept == chosen.intercept
+    assert 0 < np.count_nonzero(res.weights) < tr.n_features
+
+
+def test_the_l1_path_is_the_same_on_two_ranks_and_resumes_on_its_l1():
+    tr, ho = l1_problem(n=1500, d=200)
+    params = SolverParams(solver="lbfgs", l2=0.0, l1="auto", passes=10)
+    one = train_local(tr, params, holdout=ho)
+    shards, holds = split_rows(tr, 2), split_rows(ho, 2)
+    two = train_on_tree(shards, params, holdouts=holds)
+    assert [st["step"] for st in two[0].path["steps"]] == [st["step"] for st in one.path["steps"]]
+    assert two[0].weights.tobytes() == two[1].weights.tobytes()
+    assert two[0].path["chosen_step"] == one.path["chosen_step"]
+    states = []
+    full = train_local(tr, params, holdout=ho, on_pass_end=keep(states))
+    mid = next(s for s in states if s["path_step"] == 1 and s["path_step_stop"] is None)
+    resumed = train_local(tr, params, holdout=ho, resume=copy_state(mid))
+    assert resumed.weights.tobytes() == full.weights.tobytes() and resumed.intercept == full.intercept
+    assert without_times(resumed.path["steps"]) == without_times(full.path["steps"])
