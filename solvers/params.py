@@ -15,7 +15,8 @@ Notes on the parameters whose help is short:
   λ/(p(1−p)) of the rows. The former fixed default, 1e-6, overfits a few hundred thousand rows.
 - ``l1``: λ₁ ≥ 0 of the L1 term λ₁·‖β‖₁ (the intercept unpenalized); with λ₁ > 0 the L-BFGS
   phase is OWL-QN (:mod:`terascale.solvers.owlqn`) and every online pass shrinks weights towards
-  0 (truncated gradient, :mod:`terascale.solvers.kernels.online`); cocoa refuses it.
+  0 (truncated gradient, :mod:`terascale.solvers.kernels.online`); cocoa refuses it. ``"auto"``:
+  a path over λ₁ chosen on the held-out split, as for ``l2`` (then ``l2`` must be a number).
 - ``passes``: an online pass is one pass over the data; an L-BFGS pass is one iteration (a
   line search, usually one function evaluation; the history records ``evaluations``); a CoCoA
   pass is one round.

@@ -229,10 +229,17 @@ def curvature_along(indptr, indices, values, vpos, labels, weights, table, loss_
     return OK, -1
 
 
+#: entries ahead whose ``coef`` line :func:`margins` prefetches (rows are short: a row-ahead
+#: prefetch leaves too few misses in flight; measured in docs/design-notes.md, scorer)
+MARGIN_LOOKAHEAD = 64
+
+
 @njit(cache=True, nogil=True)
 def margins(indptr, indices, values, vpos, coef, intercept, out):
-    """out[i] = xᵢ·coef + intercept (float64 accumulation), for every row."""
+    """out[i] = xᵢ·coef + intercept (float64 accumulation, entries in their order), for every
+    row. ``coef`` is read at random: the entry MARGIN_LOOKAHEAD ahead is prefetched."""
     cur = 0  # the cursor into vpos (solvers.kernels.values.row_start)
+    end = indptr[indptr.shape[0] - 1]
     for r in range(indptr.shape[0] - 1):
         a = indptr[r]
         b = indptr[r + 1]
@@ -240,6 +247,8 @@ def margins(indptr, indices, values, vpos, coef, intercept, out):
         e = cur
         m = intercept
         for k in range(a, b):
+            if k + MARGIN_LOOKAHEAD < end:
+                prefetch_row(coef, indices[k + MARGIN_LOOKAHEAD])
             if mode == PLAIN:
                 x = ONE
             elif mode == DENSE:
