@@ -90,9 +90,11 @@ def cmd_generate(args) -> int:
         raise UsageError(f"--files {args.files}: must be >= 1")
     if not 0.0 <= args.malformed_rate <= 1.0:
         raise UsageError(f"--malformed-rate {args.malformed_rate}: must be in [0, 1]")
+    if not 0.001 <= args.positive_rate <= 0.999:
+        raise UsageError(f"--positive-rate {args.positive_rate}: must be in [0.001, 0.999]")
     summary = generate_clicklogs(
         args.out, args.rows, files=args.files, seed=args.seed, malformed_rate=args.malformed_rate,
-        with_prob=args.with_prob, compress="gzip" if args.gzip else None,
+        with_prob=args.with_prob, compress="gzip" if args.gzip else None, positive_rate=args.positive_rate,
     )
     _say(json.dumps(summary, indent=2, default=str))
     return 0
@@ -317,6 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--malformed-rate", type=float, default=0.0, help="fraction of malformed lines of every kind")
     g.add_argument("--with-prob", action="store_true", help="also write each line's true click probability")
     g.add_argument("--gzip", action="store_true", help="gzip the files")
+    g.add_argument("--positive-rate", type=float, default=0.25,
+                   help="click rate of the planted model (0.25 as Criteo's public sample; raw logs: 0.003-0.03)")
     g.set_defaults(fn=cmd_generate)
 
     f = sub.add_parser("featurize", help="parse and hash raw click logs into Parquet (on Spark)")

@@ -21,7 +21,10 @@ come from one distribution)
     conjunction (value pair); each is ``sigma * g(hash)`` with g a bell-shaped unit-variance
     number of a 32-bit hash of the token's key (:func:`token_weight` is the slow, obvious
     reference). The label is Bernoulli(sigmoid(margin)). The intercept is set by bisection on
-    a fixed calibration sample so that the positive rate is ``TARGET_POSITIVE_RATE``. The
+    a fixed calibration sample so that the positive rate is ``positive_rate`` (default
+    ``TARGET_POSITIVE_RATE`` = 0.25, the rate of Criteo's public sample, which Criteo had itself
+    downsampled; raw click logs hold 30 to 300 negatives per click, rates 0.3% to 3%: pass one
+    of those to study negative downsampling). At 0.25 the
     Bayes-optimal logloss is about 0.447, against 0.562 for the base rate; most of the signal
     sits in frequent values and so is learnable by a hashed linear model without conjunctions,
     and ``PLANTED_CONJUNCTIONS`` add what such a model cannot learn without them.
@@ -251,9 +254,9 @@ def token_weight(token: str) -> float:
     return _sigma(name) * _gauss32(_fmix32(key ^ _weight_salt(_FIELD_ID[name])))
 
 
-def planted_margin(tokens) -> float:
+def planted_margin(tokens, positive_rate: float = TARGET_POSITIVE_RATE) -> float:
     """The planted margin of a line from its tokens (built with ``PLANTED_CONJUNCTIONS``)."""
-    return planted_intercept() + sum(token_weight(t) for t in tokens)
+    return planted_intercept(positive_rate) + sum(token_weight(t) for t in tokens)
 
 
 def _quarters(alpha: float) -> int:
@@ -329,9 +332,9 @@ def _sample(bitgen: np.random.BitGenerator, n: int, intercept: float) -> dict:
     return out
 
 
-@functools.lru_cache(maxsize=1)
-def planted_intercept() -> float:
-    """The intercept giving a ``TARGET_POSITIVE_RATE`` positive rate (fixed calibration sample).
+@functools.lru_cache(maxsize=8)
+def planted_intercept(positive_rate: float = TARGET_POSITIVE_RATE) -> float:
+    """The intercept giving a ``positive_rate`` positive rate (fixed calibration sample).
 
     Bisection on the mean click probability of ``CALIBRATION_ROWS`` rows drawn with a fixed
     seed; rounded to 6 decimals so that last-bit libm differences between machines vanish.
@@ -342,7 +345,7 @@ def planted_intercept() -> float:
     for _ in range(60):
         mid = 0.5 * (lo + hi)
         rate = np.mean(1.0 / (1.0 + np.exp(-(margin + mid))))
-        lo, hi = (mid, hi) if rate < TARGET_POSITIVE_RATE else (lo, mid)
+        lo, hi = (mid, hi) if rate < positive_rate else (lo, mid)
     return round(0.5 * (lo + hi), 6)
 
 
@@ -523,7 +526,7 @@ def _check_int(name: str, value, lo: int, hi: int | None = None) -> int:
     return int(value)
 
 
-def _check_args(out_dir, rows, files, seed, malformed_rate, with_prob, compress, processes):
+def _check_args(out_dir, rows, files, seed, malformed_rate, with_prob, compress, processes, positive_rate):
     if not isinstance(out_dir, (str, os.PathLike)) or str(out_dir) == "":
         raise TypeError(f"out_dir must be a non-empty path, got {out_dir!r}")
     rows = _check_int("rows", rows, 0)
@@ -539,7 +542,11 @@ def _check_args(out_dir, rows, files, seed, malformed_rate, with_prob, compress,
         raise ValueError(f"compress must be None or 'gzip', got {compress!r}")
     if processes is not None:
         processes = _check_int("processes", processes, 1)
-    return rows, files, seed, float(malformed_rate), bool(with_prob), processes
+    if isinstance(positive_rate, bool) or not isinstance(positive_rate, (int, float, np.floating, np.integer)):
+        raise TypeError(f"positive_rate must be a number in [0.001, 0.999], got {positive_rate!r}")
+    if not 0.001 <= float(positive_rate) <= 0.999:  # also rejects NaN
+        raise ValueError(f"positive_rate must be a number in [0.001, 0.999], got {positive_rate!r}")
+    return rows, files, seed, float(malformed_rate), bool(with_prob), processes, float(positive_rate)
 
 
 def generate_clicklogs(
@@ -551,6 +558,7 @@ def generate_clicklogs(
     with_prob: bool = False,
     compress: str | None = None,
     processes: int | None = None,
+    positive_rate: float = TARGET_POSITIVE_RATE,
 ) -> dict:
     """Write ``rows`` synthetic Criteo TSV lines into ``files`` part files under ``out_dir``.
 
@@ -569,6 +577,8 @@ def generate_clicklogs(
         (float32, one entry per line, NaN for malformed lines).
     compress : None or ``'gzip'``.
     processes : worker processes (spawned); default ``min(files, cpu count)``.
+    positive_rate : the planted model's positive rate, in [0.001, 0.999] (its intercept; the
+        token weights are the same for every rate, so two rates differ only in the base rate).
 
     Returns a summary: ``rows`` (lines written), ``valid_rows``, ``malformed`` (count per
     kind), ``malformed_total``, ``positives``, ``positive_rate`` (over valid rows), ``files``
@@ -576,13 +586,13 @@ def generate_clicklogs(
     ``rows_per_second``, and with ``with_prob`` the ``bayes_logloss`` over valid rows. The same
     facts plus the planted model's description go to ``out_dir/_truth.json``.
     """
-    rows, files, seed, malformed_rate, with_prob, processes = _check_args(
-        out_dir, rows, files, seed, malformed_rate, with_prob, compress, processes
+    rows, files, seed, malformed_rate, with_prob, processes, positive_rate = _check_args(
+        out_dir, rows, files, seed, malformed_rate, with_prob, compress, processes, positive_rate
     )
     t0 = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    intercept = planted_intercept()
+    intercept = planted_intercept(positive_rate)
     sizes = _split_even(rows, files)
     plan = _malformed_plan(sizes, malformed_rate)
     jobs = [
@@ -604,7 +614,7 @@ def generate_clicklogs(
     summary = _summary(parts, rows, seed, procs, compress, with_prob, time.perf_counter() - t0)
     summary["out_dir"] = str(out)
     summary["removed_stale"] = removed
-    _write_truth(out, summary, malformed_rate, intercept)
+    _write_truth(out, summary, malformed_rate, intercept, positive_rate)
     return summary
 
 
@@ -646,7 +656,8 @@ def _summary(parts: list, rows: int, seed: int, procs: int, compress, with_prob:
     return s
 
 
-def _write_truth(out: Path, summary: dict, malformed_rate: float, intercept: float) -> None:
+def _write_truth(out: Path, summary: dict, malformed_rate: float, intercept: float,
+                 positive_rate: float) -> None:
     """``_truth.json``: the run and the planted model's description (no weight tables)."""
     rate = summary["positive_rate"]
     truth = {
@@ -660,7 +671,7 @@ def _write_truth(out: Path, summary: dict, malformed_rate: float, intercept: flo
         "malformed": summary["malformed"],
         "positives": summary["positives"],
         "positive_rate": rate,
-        "target_positive_rate": TARGET_POSITIVE_RATE,
+        "target_positive_rate": positive_rate,
         "base_rate_entropy": base_rate_entropy(rate) if summary["valid_rows"] else None,
         "intercept": intercept,
         "weight_scale": WEIGHT_SCALE,

@@ -228,6 +228,10 @@ def test_rerun_replaces_stale_parts_atomically(tmp_path):
         ({"compress": "bz2"}, "compress"),
         ({"processes": 0}, "processes"),
         ({"out_dir": None}, "out_dir"),
+        ({"positive_rate": 0.0}, "positive_rate"),
+        ({"positive_rate": 1.0}, "positive_rate"),
+        ({"positive_rate": float("nan")}, "positive_rate"),
+        ({"positive_rate": "0.03"}, "positive_rate"),
     ],
 )
 def test_bad_arguments_name_the_parameter(tmp_path, kwargs, name):
@@ -252,6 +256,28 @@ def test_positive_rate_and_missing_rates(clean):
     expected += [G.CAT_MISSING_RATES[f] for f in G.CAT_FIELDS]
     np.testing.assert_allclose(missing[1:], expected, atol=0.01)
     assert np.ptp(missing[14:]) > 0.3
+
+
+def test_another_positive_rate_shifts_only_the_intercept(tmp_path):
+    """positive_rate = 0.03 (33 negatives per click, as raw click logs): the same lines' features
+    and planted token weights; the true margin moves by the intercept difference, and the rate
+    lands on the target."""
+    rows = 30_000
+    a = G.generate_clicklogs(tmp_path / "a", rows, seed=5, with_prob=True, processes=1)
+    b = G.generate_clicklogs(tmp_path / "b", rows, seed=5, with_prob=True, processes=1, positive_rate=0.03)
+    assert a["valid_rows"] == b["valid_rows"] == rows
+    assert b["positive_rate"] == pytest.approx(0.03, abs=4 * math.sqrt(0.03 * 0.97 / rows))
+    lines_a = (tmp_path / "a" / "part-00000.tsv").read_bytes().splitlines()
+    lines_b = (tmp_path / "b" / "part-00000.tsv").read_bytes().splitlines()
+    assert [x.split(b"\t", 1)[1] for x in lines_a] == [x.split(b"\t", 1)[1] for x in lines_b]  # same features
+    pa = np.load(tmp_path / "a" / "part-00000.prob.npy").astype(np.float64)
+    pb = np.load(tmp_path / "b" / "part-00000.prob.npy").astype(np.float64)
+    shift = G.planted_intercept(0.03) - G.planted_intercept()
+    assert shift < -2.0
+    logit = lambda p: np.log(p) - np.log1p(-p)  # noqa: E731
+    np.testing.assert_allclose(logit(pb) - logit(pa), shift, atol=2e-4)  # float32 probabilities
+    truth = json.loads((tmp_path / "b" / "_truth.json").read_text())
+    assert truth["target_positive_rate"] == 0.03 and truth["intercept"] == G.planted_intercept(0.03)
 
 
 def test_integer_fields_heavy_tailed_with_negatives(clean):

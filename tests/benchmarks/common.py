@@ -70,13 +70,16 @@ class PeakMemory:
         self._t.join()
 
 
-def generated_logs(rows: int, files: int, seed: int) -> Path:
-    """Generated click logs shared by benchmarks (made once, kept under bench-results/data)."""
+def generated_logs(rows: int, files: int, seed: int, positive_rate: float | None = None) -> Path:
+    """Generated click logs shared by benchmarks (made once, kept under bench-results/data);
+    ``positive_rate``: the generator's, when not its default (0.25)."""
     from terascale.pipeline.generate import generate_clicklogs
 
-    d = RESULTS / "data" / f"criteo-{rows}-{files}-{seed}"
+    tag = "" if positive_rate is None else f"-ctr{positive_rate:g}"
+    d = RESULTS / "data" / f"criteo-{rows}-{files}-{seed}{tag}"
     if not (d / "_truth.json").exists():
-        generate_clicklogs(d, rows, files=files, seed=seed, with_prob=True)
+        extra = {} if positive_rate is None else {"positive_rate": positive_rate}
+        generate_clicklogs(d, rows, files=files, seed=seed, with_prob=True, **extra)
     return d
 
 
