@@ -64,8 +64,15 @@ class ActiveFeatures:
     def __init__(self, ids: np.ndarray, n_features: int):
         self.ids = np.asarray(ids, dtype=np.int64)
         self.n_features = int(n_features)
-        self.position = np.full(self.n_features, -1, dtype=np.int32)
-        self.position[self.ids] = np.arange(self.ids.shape[0], dtype=np.int32)
+
+    @property
+    def position(self) -> np.ndarray:
+        """int32 over all features: the compact coordinate of each active feature, −1 for the
+        others. 4 bytes × 2^bits (64 MiB at 2^24), used once per table (:meth:`LocalTable.bind`,
+        :meth:`renumbered`): built on each use, not kept for the phase."""
+        out = np.full(self.n_features, -1, dtype=np.int32)
+        out[self.ids] = np.arange(self.ids.shape[0], dtype=np.int32)
+        return out
 
     @property
     def size(self) -> int:

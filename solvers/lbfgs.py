@@ -283,6 +283,7 @@ class LBFGSPhase:
             if stop is None and tracker.passes_done >= last_pass:
                 stop = "max_passes"
             self.checkpoint(stop)
+        self.memory.release()  # the last checkpoint has the pairs; the result needs none of them
         return self.run.finish(self.full_theta(), self.value, stop, self._value_of)
 
     def _value_of(self, theta: np.ndarray) -> float:

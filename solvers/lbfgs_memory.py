@@ -56,6 +56,13 @@ class LBFGSMemory:
         self.count = 0
         self.newest = -1
 
+    def release(self) -> None:
+        """Give the pairs' memory back (8·m bytes per coordinate) once the phase is over, so
+        that the result's weights are not allocated on top of it; the memory is empty after."""
+        self.clear()
+        self.S = np.zeros((self.m, 0), dtype=np.float32)
+        self.Y = np.zeros((self.m, 0), dtype=np.float32)
+
     def direction(self, grad: np.ndarray, precond) -> np.ndarray:
         """−H·grad by the two-loop recursion of the module docstring; ``precond`` has
         ``apply(q)`` (M⁻¹·q, a new array) and ``quad(y)`` (yᵀ·M⁻¹·y)."""
@@ -71,11 +78,12 @@ class LBFGSMemory:
             y = self.Y[self.newest]
             gamma = (1.0 / self.rho[self.newest]) / precond.quad(y)
         r = precond.apply(q)
+        del q  # at most two vectors of the phase's length live here (a rank's peak memory)
         r *= gamma
         for slot in order:
             b = self.rho[slot] * dot(self.Y[slot], r)
             axpy(alphas[slot] - b, self.S[slot], r)
-        return np.negative(r)
+        return np.negative(r, out=r)
 
     def to_state(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
         arrays = {"lbfgs_S": self.S, "lbfgs_Y": self.Y, "lbfgs_rho": self.rho}

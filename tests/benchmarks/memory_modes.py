@@ -43,7 +43,7 @@ from tests.benchmarks.common import train_cli
 
 MIB = 1 << 20
 JOB_SETTINGS = ["spark.master=local[2]", "train.workers=2", "train.l2=1e-6", "train.holdout_period=0",
-                "train.early_stop_passes=0", "train.passes=12", "train.tol=1e-12"]
+                "train.early_stop_passes=0", "train.passes=10", "train.tol=1e-12"]
 
 
 def drop_caches() -> str | None:
