@@ -7,7 +7,9 @@ hot path. ``hash_tokens`` is the bulk entry point used by tests and small caller
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 # All arithmetic is int64 on values below 2^32: a product of two such values may wrap in int64,
 # but its low 32 bits (kept by the mask) are exact, and right shifts only see masked values.
@@ -29,6 +31,21 @@ def _fmix32(h):
 
 
 @njit(cache=True, inline="always")
+def _mix_k1(k):
+    k = (k * 0xCC9E2D51) & 0xFFFFFFFF
+    k = _rotl32(k, 15)
+    return (k * 0x1B873593) & 0xFFFFFFFF
+
+
+@njit(cache=True, inline="always")
+def _mix_h1(h, k):
+    """The state after one 4-byte block k."""
+    h ^= _mix_k1(k)
+    h = _rotl32(h, 13)
+    return (h * 5 + 0xE6546B64) & 0xFFFFFFFF
+
+
+@njit(cache=True, inline="always")
 def murmur3_32(buf, start, n, seed):
     """murmur3_32 of buf[start:start+n] (uint8 array), seed < 2^32; returns an int64 < 2^32."""
     h = np.int64(seed) & 0xFFFFFFFF
@@ -40,12 +57,7 @@ def murmur3_32(buf, start, n, seed):
             | (np.int64(buf[p + 2]) << 16)
             | (np.int64(buf[p + 3]) << 24)
         )
-        k = (k * 0xCC9E2D51) & 0xFFFFFFFF
-        k = _rotl32(k, 15)
-        k = (k * 0x1B873593) & 0xFFFFFFFF
-        h ^= k
-        h = _rotl32(h, 13)
-        h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
+        h = _mix_h1(h, k)
         p += 4
     tail = n & 3
     k = np.int64(0)
@@ -55,11 +67,55 @@ def murmur3_32(buf, start, n, seed):
         k ^= np.int64(buf[p + 1]) << 8
     if tail >= 1:
         k ^= np.int64(buf[p])
-        k = (k * 0xCC9E2D51) & 0xFFFFFFFF
-        k = _rotl32(k, 15)
-        k = (k * 0x1B873593) & 0xFFFFFFFF
-        h ^= k
+        h ^= _mix_k1(k)
     h ^= np.int64(n)
+    return _fmix32(h)
+
+
+@intrinsic
+def load_u32(typingctx, arr, i):
+    """The 4 bytes arr[i:i+4] of a 1-D uint8 array as a little-endian unsigned int64 (one
+    unaligned load; no bounds check: the caller guarantees i + 4 <= len(arr))."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        aryty, ity = signature.args
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = builder.gep(ary.data, [context.cast(builder, args[1], ity, types.intp)])
+        v = builder.load(builder.bitcast(ptr, ir.IntType(32).as_pointer()), align=1)
+        return builder.zext(v, ir.IntType(64))
+
+    return types.int64(arr, i), codegen
+
+
+@njit(cache=True, inline="always")
+def murmur3_32_prefixed(pword, plen, buf, start, n, seed, limit):
+    """murmur3_32 of the token prefix + buf[start:start+n], without copying it: ``pword`` holds
+    the prefix's plen = 3 or 4 bytes (little-endian), n >= 1. Reads whole 4-byte words of buf
+    (the last one may reach up to 3 bytes past the token, never past ``limit`` <= len(buf))."""
+    h = np.int64(seed) & 0xFFFFFFFF
+    if plen == 4:
+        h = _mix_h1(h, pword)
+        p = np.int64(start)
+        m = n
+    else:  # the first block is the 3 prefix bytes and the token's first byte
+        h = _mix_h1(h, pword | (np.int64(buf[start]) << 24))
+        p = np.int64(start) + 1
+        m = n - 1
+    for _ in range(m >> 2):
+        h = _mix_h1(h, load_u32(buf, p))
+        p += 4
+    tail = m & 3
+    if tail > 0:
+        if p + 4 <= limit:
+            k = load_u32(buf, p) & ((np.int64(1) << (8 * tail)) - 1)
+        else:
+            k = np.int64(0)
+            for q in range(tail):
+                k |= np.int64(buf[p + q]) << (8 * q)
+        h ^= _mix_k1(k)
+    h ^= np.int64(plen + n)
     return _fmix32(h)
 
 
