@@ -258,19 +258,23 @@ def _row_indices(buf, n_bytes, fl, sel, conj, int_mode, pdata, poff, pword, mask
     for j in range(sel.shape[0]):
         f = sel[j]
         ln = fl[FL_LEN + f + 1]
-        if ln == 0:
-            continue
-        if f >= N_INT:
+        if f < N_INT:  # no branch on emptiness: an empty field's entry is written, then overwritten
+            v = fl[FL_INT + f]  # (stale when empty)
+            if INT_TABLE_LO <= v < INT_TABLE_HI:
+                k = np.int64(int_table[f, v - INT_TABLE_LO])
+            elif ln > 0:
+                pos = _write_token(f, buf, fl, int_mode, pdata, poff, scratch, 0)
+                k = murmur3_32(scratch, 0, pos, seed) & mask
+            else:
+                k = np.int64(0)
+        elif ln > 0:
             w = pword[f]
             k = murmur3_32_prefixed(w & 0xFFFFFFFF, w >> 32, buf, fl[f + 1], ln, seed, n_bytes) & mask
-        elif INT_TABLE_LO <= fl[FL_INT + f] < INT_TABLE_HI:
-            k = np.int64(int_table[f, fl[FL_INT + f] - INT_TABLE_LO])
         else:
-            pos = _write_token(f, buf, fl, int_mode, pdata, poff, scratch, 0)
-            k = murmur3_32(scratch, 0, pos, seed) & mask
+            continue
         out[o + n] = k
         src[n] = j
-        n += 1
+        n += ln > 0
     for j in range(conj.shape[0]):
         a = conj[j, 0]
         b = conj[j, 1]

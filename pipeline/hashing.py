@@ -95,6 +95,15 @@ def murmur3_32_prefixed(pword, plen, buf, start, n, seed, limit):
     the prefix's plen = 3 or 4 bytes (little-endian), n >= 1. Reads whole 4-byte words of buf
     (the last one may reach up to 3 bytes past the token, never past ``limit`` <= len(buf))."""
     h = np.int64(seed) & 0xFFFFFFFF
+    if n == 8:  # the usual Criteo value (8 hex digits): straight-line code
+        lo = load_u32(buf, start)
+        hi = load_u32(buf, start + 4)
+        if plen == 4:
+            h = _mix_h1(_mix_h1(_mix_h1(h, pword), lo), hi)
+        else:
+            h = _mix_h1(_mix_h1(h, pword | ((lo & 0xFF) << 24)), (lo >> 8) | ((hi & 0xFF) << 24))
+            h ^= _mix_k1(hi >> 8)
+        return _fmix32(h ^ (plen + 8))
     if plen == 4:
         h = _mix_h1(h, pword)
         p = np.int64(start)

@@ -25,7 +25,6 @@ from numba import njit
 
 from terascale.pipeline.criteo_kernel import (
     FL_SIZE,
-    RANK_SORT_MAX,
     _line_status,
     _row_indices,
     _walk_line,
@@ -34,39 +33,13 @@ from terascale.pipeline.criteo_kernel import (
 from terascale.pipeline.rowkernels import OK, prefetch
 
 
-@njit(cache=True)  # not inlined: LLVM vectorizes the ranking loop only in its own function
-def sorted_runs(keys, n, tmp, out_idx, out_cnt, o):
-    """The distinct values of keys[:n] (non-negative, < 2^56) in ascending order into
-    out_idx[o:o+u] and how often each occurs (float32) into out_cnt[o:o+u]; returns u.
-
-    ``tmp`` holds at least 64 + max(n, 64) entries. Rows up to RANK_SORT_MAX entries sort by
-    branchless ranking (as ``criteo_kernel._sort_count_row``), longer ones by insertion."""
-    if n <= RANK_SORT_MAX:
-        # rank of each entry = entries smaller, ties broken by position: unique keys
-        # (value << 6 | position), padded with +inf to a multiple of 8 lanes
-        m = (n + 7) & ~7
-        for j in range(n):
-            tmp[j] = (keys[j] << 6) | j
-        for j in range(n, m):
-            tmp[j] = np.int64(1) << 62
-        for i in range(n):
-            k = tmp[i]
-            rank = 0
-            for j in range(m):
-                rank += np.int64(tmp[j] < k)
-            tmp[64 + rank] = k >> 6
-    else:
-        for i in range(n):
-            k = keys[i]
-            j = 64 + i - 1
-            while j >= 64 and tmp[j] > k:
-                tmp[j + 1] = tmp[j]
-                j -= 1
-            tmp[j + 1] = k
+@njit(cache=True, inline="always")
+def _merge_runs(srt, n, out_idx, out_cnt, o):
+    """The runs of equal values of the sorted srt[128:128+n] as (value, count) into out_*[o:]."""
     u = 0
     prev = -1
     for i in range(n):
-        x = tmp[64 + i]
+        x = np.int64(srt[128 + i])
         if x == prev:
             out_cnt[o + u - 1] += np.float32(1.0)
         else:
@@ -75,6 +48,42 @@ def sorted_runs(keys, n, tmp, out_idx, out_cnt, o):
             u += 1
             prev = x
     return u
+
+
+RANK_LANES = 48  # rows of up to this many tokens (39 fields + 9 conjunctions) sort by counting
+
+
+@njit(cache=True)  # not inlined: LLVM vectorizes the counting loop only in its own function
+def sorted_runs(keys, n, narrow, tmp, t32, out_idx, out_cnt, o):
+    """The distinct values of keys[:n] (non-negative) in ascending order into out_idx[o:o+u] and
+    how often each occurs (float32) into out_cnt[o:o+u]; returns u.
+
+    ``narrow``: every key is below 2^25. keys holds at least RANK_LANES entries, ``tmp`` (int64)
+    and ``t32`` (int32) at least 128 + max(n, 64).
+
+    Up to RANK_LANES narrow keys sort by counting: 32-bit keys (value << 6 | position, so ties
+    break by position) padded with +inf to RANK_LANES (a constant: whole 8-lane vectors), and
+    for one entry at a time the counts of all entries it is smaller than go up by one; each
+    entry's count is its place. Other rows sort by insertion."""
+    if narrow and n <= RANK_LANES:
+        for j in range(RANK_LANES):
+            t32[j] = np.int32((keys[j] << 6) | j) if j < n else np.int32(0x7FFFFFFF)
+            t32[64 + j] = 0
+        for j in range(n):
+            k = t32[j]
+            for i in range(RANK_LANES):
+                t32[64 + i] += np.int32(t32[i] > k)
+        for i in range(n):
+            t32[128 + t32[64 + i]] = t32[i] >> 6
+        return _merge_runs(t32, n, out_idx, out_cnt, o)
+    for i in range(n):
+        k = keys[i]
+        j = 128 + i - 1
+        while j >= 128 and tmp[j] > k:
+            tmp[j + 1] = tmp[j]
+            j -= 1
+        tmp[j + 1] = k
+    return _merge_runs(tmp, n, out_idx, out_cnt, o)
 
 
 @njit(cache=True, inline="always")
@@ -99,8 +108,10 @@ def score_criteo_block(buf, n_bytes, p, max_line, sel, int_mode, conj, pdata, po
     width = max(sel.shape[0] + conj.shape[0], 1)
     fl = np.zeros(FL_SIZE, dtype=np.int64)
     src = np.zeros(width, dtype=np.int64)
-    keys = np.zeros(width, dtype=np.int64)
-    tmp = np.zeros(64 + max(width, 64), dtype=np.int64)
+    keys = np.zeros(max(width, 64), dtype=np.int64)
+    tmp = np.zeros(128 + max(width, 64), dtype=np.int64)
+    t32 = np.zeros(128 + max(width, 64), dtype=np.int32)
+    narrow = mask < (1 << 25)
     ring_idx = np.zeros(2 * width, dtype=np.int64)  # the sorted runs of two rows: the pending one, the current one
     ring_cnt = np.zeros(2 * width, dtype=np.float32)
     n_seps, non_ascii = find_separators(buf[p:], n_bytes - p, seps)
@@ -124,7 +135,7 @@ def score_criteo_block(buf, n_bytes, p, max_line, sel, int_mode, conj, pdata, po
             for t in range(n):
                 prefetch(coef, keys[t])
             o = width if pend_o == 0 else 0
-            u = sorted_runs(keys, n, tmp, ring_idx, ring_cnt, o)
+            u = sorted_runs(keys, n, narrow, tmp, t32, ring_idx, ring_cnt, o)
             if pend_line >= 0:
                 out[pend_line] = _run_margin(coef, intercept, ring_idx, ring_cnt, pend_o, pend_u)
             pend_line, pend_o, pend_u = li, o, u

@@ -32,8 +32,8 @@ from terascale.pipeline import modeldir
 from terascale.pipeline.blocks import BlockParser
 from terascale.pipeline.pointer import resolve_model
 from terascale.pipeline.rowkernels import REASONS
-from terascale.pipeline.score_kernel import score_criteo_block
 from terascale.pipeline.sampling import logit_shift, model_negative_rate
+from terascale.pipeline.score_kernel import score_criteo_block
 from terascale.pipeline.spec import FeatureSpec
 from terascale.solvers.catalogue import loss_spec
 from terascale.solvers.data import CSRData
