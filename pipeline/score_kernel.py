@@ -30,6 +30,7 @@ from terascale.pipeline.criteo_kernel import (
     _walk_line,
     find_separators,
 )
+from terascale.pipeline.hashing import WORDS8_ROWS
 from terascale.pipeline.rowkernels import OK, prefetch
 
 
@@ -108,6 +109,7 @@ def score_criteo_block(buf, n_bytes, p, max_line, sel, int_mode, conj, pdata, po
     width = max(sel.shape[0] + conj.shape[0], 1)
     fl = np.zeros(FL_SIZE, dtype=np.int64)
     src = np.zeros(width, dtype=np.int64)
+    batch = np.zeros((WORDS8_ROWS, max(sel.shape[0], 1)), dtype=np.uint32)
     keys = np.zeros(max(width, 64), dtype=np.int64)
     tmp = np.zeros(128 + max(width, 64), dtype=np.int64)
     t32 = np.zeros(128 + max(width, 64), dtype=np.int32)
@@ -131,7 +133,7 @@ def score_criteo_block(buf, n_bytes, p, max_line, sel, int_mode, conj, pdata, po
         out[li] = 0.0
         if st == OK:
             n = _row_indices(buf, n_bytes, fl, sel, conj, int_mode, pdata, poff, pword, mask, seed, int_table, scratch,
-                             keys, 0, src)
+                             keys, 0, src, batch)
             for t in range(n):
                 prefetch(coef, keys[t])
             o = width if pend_o == 0 else 0
