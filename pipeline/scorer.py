@@ -68,6 +68,7 @@ class Scorer:
         max_line = int(meta["config"].get("featurize", {}).get("max_line_bytes", 65536))
         self._parser = BlockParser(self.spec, max_line)
         self._n_features = 1 << self.spec.bits
+        self._sigmoid = loss_spec(self.loss).link == "sigmoid"
         self._fused = self.spec.format == "criteo"
         if self._fused:  # the fused kernel reads the weights as they are: float32, C-contiguous
             if self.weights.shape != (self._n_features,):
@@ -113,7 +114,10 @@ class Scorer:
             m = decision_function(csr, self.weights, self.intercept)
         elif any_bad:
             m = m[~bad]
-        scores = sigmoid(m, self.logit_shift) if loss_spec(self.loss).link == "sigmoid" else m
+        if self._sigmoid:
+            scores = sigmoid(m, self.logit_shift)
+        else:
+            scores = m.copy() if self._fused and not any_bad else m  # (not the kernel's buffer)
         if not any_bad:
             return scores
         out = np.full(status.shape[0], np.nan)
@@ -122,7 +126,8 @@ class Scorer:
 
     def _score_criteo(self, buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(status, margin) of every line of a Criteo block (``pipeline.score_kernel``); the
-        margins of bad lines are 0. The arrays are fresh (the kernel's buffers are reused)."""
+        margins of bad lines are 0. Views of the kernel's buffers when one call did the block:
+        valid until the next block."""
         n_bytes = buf.shape[0]
         if self._seps.shape[0] < n_bytes + 1:
             self._seps = np.zeros(n_bytes + 1, np.int64)  # lazily zeroed: pages are touched only as used
@@ -135,7 +140,9 @@ class Scorer:
                 buf, n_bytes, p, pr.max_line, pr.sel, pr.int_mode, pr.conj, pr.pdata, pr.poff, pr.pword, pr.mask,
                 self.spec.seed, pr.int_table, self._seps, pr.scratch, self._coef, self.intercept, self._status,
                 self._margins)
-            parts.append((self._status[:n].copy(), self._margins[:n].copy()))
+            parts.append((self._status[:n], self._margins[:n]))
+            if p < n_bytes:
+                parts[-1] = (parts[-1][0].copy(), parts[-1][1].copy())
         if len(parts) == 1:
             return parts[0]
         return np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts])
