@@ -1,9 +1,12 @@
 """Score raw log lines with a model directory, without Spark or a JVM.
 
-The feature spec in the model's ``metadata.json`` is the public contract: the same compiled
-parsing kernels as featurize (``pipeline.blocks.BlockParser``) turn lines into hashed CSR rows,
-and the same scoring formula as the predict job (``solvers.predict``) turns them into
-probabilities. So a line scores to the same float64 bits here as its row does in ``predict``.
+The feature spec in the model's ``metadata.json`` is the public contract. Criteo lines go
+through one fused kernel (``pipeline.score_kernel``) built from featurize's own line helpers
+(validation, tokens, hashing) that sums each row's margin with the predict job's operations in
+its order, without writing CSR rows; LibSVM lines through featurize's parser
+(``pipeline.blocks.BlockParser``) and the predict job's margins. Either way the probabilities
+come from the predict job's formula (``solvers.predict.sigmoid``), so a line scores to the same
+float64 bits here as its row does in ``predict``.
 
 Lines are in the format the model was featurized from (``spec.format``): Criteo TSV (label, 13
 integer fields, 26 categorical fields) or LibSVM (``label idx:val ...``). The label must be
