@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from numba import njit
 
 from terascale.jobs.config import CRITEO_FIELDS, CRITEO_INT_FIELDS
-from terascale.pipeline.criteo_kernel import INT_TABLE_HI, INT_TABLE_LO, bucket_of
+from terascale.pipeline.criteo_kernel import INT_TABLE_HI, INT_TABLE_LO, bucket_of, find_separators
 from terascale.pipeline.rowkernels import POW10, parse_float, parse_int, parse_int_swar
 from terascale.pipeline.spec import FeatureSpec, bucket, criteo_tokens, indices_values
 from tests.parse_helpers import parse_bytes
@@ -226,3 +226,17 @@ def test_word_at_a_time_int_parser_equals_the_digit_loop(text, pad):
     buf = np.frombuffer(raw or b"\t", np.uint8)
     a, va, b, vb = _both_int_parsers(buf, 0, len(text))
     assert (a, va if a else 0) == (b, vb if b else 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300).map(lambda b: bytes(b"\t\n\r0a\xc3"[x % 6] if x % 3 else x for x in b)))
+@example(b"\t" * 64 + b"\n" * 64 + b"x")
+@example(b"")
+def test_separators_are_every_tab_and_newline(raw):
+    """find_separators (64 bytes a word-built bit map, then the rest a byte at a time) against a plain scan."""
+    buf = np.frombuffer(raw or b"\0", np.uint8)
+    n = len(raw)
+    seps = np.zeros(n + 1, np.int64)
+    k, non_ascii = find_separators(buf, n, seps)
+    want = [i for i, c in enumerate(raw) if c in (9, 10)]
+    assert seps[:k].tolist() == want and non_ascii == any(c >= 128 for c in raw)
