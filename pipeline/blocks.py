@@ -20,6 +20,7 @@ from terascale.pipeline.criteo_kernel import (
     field_id,
     field_prefixes,
     parse_criteo_block,
+    prefix_words,
 )
 from terascale.pipeline.groups import token_groups
 from terascale.pipeline.libsvm_kernel import parse_libsvm_block
@@ -149,6 +150,7 @@ class BlockParser:
             self.sel = np.array([field_id(f) for f in spec.fields], dtype=np.int64)
             self.conj = np.array([[field_id(a), field_id(b)] for a, b in spec.conjunctions], dtype=np.int64).reshape(-1, 2)
             self.pdata, self.poff = field_prefixes()
+            self.pword = prefix_words(self.pdata, self.poff)
             self.int_mode = 0 if spec.int_bucketing == "log_squared" else 1
             self.scratch = np.zeros(2 * max_line + 64, dtype=np.uint8)
             self.int_table = build_int_table(self.int_mode, self.pdata, self.poff, self.mask, spec.seed)
@@ -183,7 +185,7 @@ class BlockParser:
             if self._seps.shape[0] < n_seps:
                 self._seps = np.zeros(max(n_seps, int(self._seps.shape[0] * 1.5)), np.int64)
             n_lines, n_rows, nnz = parse_criteo_block(
-                data, n_bytes, self.max_line, self.sel, self.int_mode, self.conj, self.pdata, self.poff,
+                data, n_bytes, self.max_line, self.sel, self.int_mode, self.conj, self.pdata, self.poff, self.pword,
                 self.mask, self.spec.seed, self.int_table, self._seps, self._tmp, self.status, self.line_start, self.line_len, self.labels,
                 self.indptr, self.indices, self.values, self.row_multi, self.scratch,
                 self.groups, self.sel_group, self.conj_group, self.entry_group,

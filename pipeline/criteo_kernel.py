@@ -14,7 +14,13 @@ import math
 import numpy as np
 from numba import njit
 
-from terascale.pipeline.hashing import murmur3_32
+from terascale.pipeline.hashing import (
+    WORDS8_ROWS,
+    load_u32,
+    murmur3_32,
+    murmur3_32_prefixed,
+    murmur3_32_words8,
+)
 from terascale.pipeline.rowkernels import (
     BAD_INTEGER,
     BAD_LABEL,
@@ -23,8 +29,10 @@ from terascale.pipeline.rowkernels import (
     LINE_TOO_LONG,
     OK,
     WRONG_FIELD_COUNT,
+    load_u64,
     lower_groups,
-    parse_int,
+    parse_int_swar,
+    trailing_zeros,
     valid_utf8,
     write_int,
 )
@@ -32,6 +40,9 @@ from terascale.pipeline.rowkernels import (
 N_INT = 13
 N_CAT = 26
 N_COLS = 1 + N_INT + N_CAT  # label + features
+FL_LEN = N_COLS  # a line's columns (``_walk_line``): fl[c] = start of column c, fl[FL_LEN + c] its length,
+FL_INT = 2 * N_COLS  # fl[FL_INT + k] = the value of integer field k (``_line_status``)
+FL_SIZE = 2 * N_COLS + N_INT
 
 
 def field_prefixes() -> tuple[np.ndarray, np.ndarray]:
@@ -41,6 +52,18 @@ def field_prefixes() -> tuple[np.ndarray, np.ndarray]:
     off = np.zeros(len(names) + 1, dtype=np.int64)
     np.cumsum([len(n) for n in names], out=off[1:])
     return data, off
+
+
+def prefix_words(pdata: np.ndarray, poff: np.ndarray) -> np.ndarray:
+    """Each field's token prefix (3 or 4 bytes): its bytes as a little-endian number in the low 32
+    bits (murmur3's first block, ``hashing.murmur3_32_prefixed``), its length above."""
+    out = np.zeros(poff.shape[0] - 1, dtype=np.int64)
+    for f in range(out.shape[0]):
+        b = bytes(pdata[poff[f] : poff[f + 1]])
+        if not 3 <= len(b) <= 4:
+            raise ValueError(f"field prefix {b!r} is not 3 or 4 bytes")
+        out[f] = int.from_bytes(b, "little") | (len(b) << 32)
+    return out
 
 
 def field_id(name: str) -> int:
@@ -61,14 +84,15 @@ def bucket_of(v, int_mode):
 
 
 @njit(cache=True, inline="always")
-def _write_token(f, buf, fstart, flen, rawv, int_mode, pdata, poff, out, pos):
+def _write_token(f, buf, fl, int_mode, pdata, poff, out, pos):
+    """Write the token of present feature field f (its columns in fl, ``_walk_line``) at out[pos:]."""
     for q in range(poff[f], poff[f + 1]):
         out[pos] = pdata[q]
         pos += 1
     if f < N_INT:
-        return write_int(bucket_of(rawv[f], int_mode), out, pos)
-    s = fstart[f + 1]
-    for q in range(flen[f + 1]):
+        return write_int(bucket_of(fl[FL_INT + f], int_mode), out, pos)
+    s = fl[f + 1]
+    for q in range(fl[FL_LEN + f + 1]):
         out[pos] = buf[s + q]
         pos += 1
     return pos
@@ -149,20 +173,52 @@ def _sort_count_row(indices, values, start, end, tmp, row_group, entry_group):
     return w + 1
 
 
+_LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)
+_TABS = np.uint64(0x0909090909090909)
+_NEWLINES = np.uint64(0x0A0A0A0A0A0A0A0A)
+_HIGH = np.uint64(0x8080808080808080)
+_GATHER = np.uint64(0x0102040810204080)  # moves bit 8k to bit 56 + k (k = 0..7), no carries
+
+
+@njit(cache=True, inline="always")
+def _separator_bits(w):
+    """Bit k set when byte k of the little-endian word w is a tab or a newline (exact per byte:
+    a zero byte of w ^ 0x09.. or w ^ 0x0A.. is found without borrows between bytes)."""
+    x1 = w ^ _TABS
+    x2 = w ^ _NEWLINES
+    z = ~(((((x1 & _LOW7) + _LOW7) | x1) & (((x2 & _LOW7) + _LOW7) | x2)) | _LOW7)
+    return ((z >> np.uint64(7)) * _GATHER) >> np.uint64(56)
+
+
 @njit(cache=True)
 def find_separators(buf, n_bytes, seps):
-    """Positions of every tab and newline in buf[:n_bytes] into seps (branchless compaction).
+    """Positions of every tab and newline in buf[:n_bytes] into seps, in order.
 
     Returns (count, any_non_ascii). ``seps`` must hold at least ``count_separators`` + 1 entries.
+    64 bytes at a time: a bit map of their separators from eight 8-byte words, then one
+    position per set bit; the last bytes one at a time (branchless compaction).
     """
     k = 0
-    hib = 0
-    for i in range(n_bytes):
-        c = buf[i]
-        hib |= c
-        seps[k] = i
+    hib = np.uint64(0)
+    i = 0
+    while i + 64 <= n_bytes:
+        bm = np.uint64(0)
+        for q in range(8):
+            w = load_u64(buf, i + 8 * q)
+            hib |= w
+            bm |= _separator_bits(w) << np.uint64(8 * q)
+        while bm != 0:
+            seps[k] = i + np.int64(trailing_zeros(bm))
+            k += 1
+            bm &= bm - np.uint64(1)
+        i += 64
+    non_ascii = (hib & _HIGH) != 0
+    for j in range(i, n_bytes):
+        c = buf[j]
+        non_ascii |= c >= 128
+        seps[k] = j
         k += (c == 9) | (c == 10)
-    return k, hib >= 128
+    return k, non_ascii
 
 
 @njit(cache=True)
@@ -174,16 +230,133 @@ def count_separators(buf, n_bytes):
     return k
 
 
+@njit(cache=True, inline="always")
+def _walk_line(buf, n_bytes, seps, n_seps, ks, p, fl):
+    """The columns of the line starting at p, from the separators seps[ks:n_seps]
+    (``find_separators``): start and length of its first N_COLS columns into fl. Returns (ks
+    past the line, e = the line's end without a CR, nxt = the next line's start, nf = its
+    number of columns)."""
+    nf = 0
+    fl[0] = p
+    while ks < n_seps and buf[seps[ks]] == 9:
+        q = seps[ks]
+        if nf < N_COLS:
+            fl[FL_LEN + nf] = q - fl[nf]
+        nf += 1
+        if nf < N_COLS:
+            fl[nf] = q + 1
+        ks += 1
+    if ks < n_seps:
+        e = seps[ks]  # the newline
+        ks += 1
+    else:
+        e = n_bytes
+    nxt = e + 1
+    if e > p and buf[e - 1] == 13:  # CRLF
+        e -= 1
+    if nf < N_COLS:
+        fl[FL_LEN + nf] = e - fl[nf]
+    return ks, e, nxt, nf + 1
+
+
+@njit(cache=True, inline="always")
+def _line_status(buf, p, e, nf, max_line, non_ascii, fl):
+    """The reason code of the line buf[p:e] of nf columns (``_walk_line``); for a good line the
+    integer values go to fl[FL_INT:]. Feature field f of a good line is present (has a token)
+    when its column is not empty: fl[FL_LEN + f + 1] > 0."""
+    if e == p:
+        return EMPTY_LINE
+    if e - p > max_line:
+        return LINE_TOO_LONG
+    if non_ascii and not valid_utf8(buf, p, e):
+        return INVALID_UTF8
+    if nf != N_COLS:
+        return WRONG_FIELD_COUNT
+    if fl[FL_LEN] != 1 or (buf[p] != 48 and buf[p] != 49):
+        return BAD_LABEL
+    for k in range(N_INT):
+        ln = fl[FL_LEN + k + 1]
+        if ln > 0:
+            c0 = fl[k + 1]
+            ok, v = parse_int_swar(buf, c0, c0 + ln)
+            if not ok:
+                return BAD_INTEGER
+            fl[FL_INT + k] = v
+    return OK
+
+
+@njit(cache=True, inline="always")
+def _row_indices(buf, n_bytes, fl, sel, conj, int_mode, pdata, poff, pword, mask, seed, int_table, scratch, out, o,
+                 src, batch):
+    """Write the hashed indices of a good line's tokens (fields in ``sel`` order, then the
+    conjunctions; empty fields have none) at out[o:]; src[t] = the source of token t (j for
+    field sel[j], len(sel) + j for conjunction j). Returns the number of tokens.
+
+    Integers in the table's range are looked up (``build_int_table``), categorical values of
+    8 bytes (Criteo's usual) hashed together after the loop (``murmur3_32_words8``; ``batch``
+    of shape (WORDS8_ROWS, len(sel))), other categorical values hashed in place
+    (``murmur3_32_prefixed``), other tokens written to ``scratch`` and hashed."""
+    n = 0
+    nb = 0
+    for j in range(sel.shape[0]):
+        f = sel[j]
+        ln = fl[FL_LEN + f + 1]
+        if f < N_INT:  # no branch on emptiness: an empty field's entry is written, then overwritten
+            v = fl[FL_INT + f]  # (stale when empty)
+            if INT_TABLE_LO <= v < INT_TABLE_HI:
+                k = np.int64(int_table[f, v - INT_TABLE_LO])
+            elif ln > 0:
+                pos = _write_token(f, buf, fl, int_mode, pdata, poff, scratch, 0)
+                k = murmur3_32(scratch, 0, pos, seed) & mask
+            else:
+                k = np.int64(0)
+        else:
+            s = fl[f + 1]
+            w = pword[f]
+            if (ln == 8 or ln == 0) and s + 8 <= n_bytes:  # batched (an empty field's entry is overwritten)
+                batch[0, nb] = load_u32(buf, s)
+                batch[1, nb] = load_u32(buf, s + 4)
+                batch[2, nb] = w & 0xFFFFFFFF
+                batch[3, nb] = (w >> 32) == 4
+                batch[4, nb] = j
+                nb += ln == 8
+                continue
+            if ln == 0:
+                continue
+            k = murmur3_32_prefixed(w & 0xFFFFFFFF, w >> 32, buf, s, ln, seed, n_bytes) & mask
+        out[o + n] = k
+        src[n] = j
+        n += ln > 0
+    if nb > 0:
+        murmur3_32_words8(batch, nb, seed, mask, out, o + n)
+        for i in range(nb):
+            src[n + i] = batch[4, i]
+        n += nb
+    for j in range(conj.shape[0]):
+        a = conj[j, 0]
+        b = conj[j, 1]
+        if fl[FL_LEN + a + 1] == 0 or fl[FL_LEN + b + 1] == 0:
+            continue
+        pos = _write_token(a, buf, fl, int_mode, pdata, poff, scratch, 0)
+        scratch[pos] = 94  # '^'
+        pos = _write_token(b, buf, fl, int_mode, pdata, poff, scratch, pos + 1)
+        out[o + n] = murmur3_32(scratch, 0, pos, seed) & mask
+        src[n] = sel.shape[0] + j
+        n += 1
+    return n
+
+
 @njit(cache=True)
 def parse_criteo_block(
-    buf, n_bytes, max_line, sel, int_mode, conj, pdata, poff, mask, seed, int_table, seps, tmp,
+    buf, n_bytes, max_line, sel, int_mode, conj, pdata, poff, pword, mask, seed, int_table, seps, tmp,
     status, line_start, line_len, labels, indptr, indices, values, row_multi, scratch,
     groups, sel_group, conj_group, entry_group,
 ):
     """Parse buf[:n_bytes]. Returns (n_lines, n_rows, nnz).
 
     sel: int64 feature field ids in token order; int_mode 0 = log_squared, 1 = identity;
-    conj: int64 (C, 2) field id pairs; mask = 2^bits - 1; int_table from ``build_int_table``; seps sized by ``count_separators`` + 1;
+    conj: int64 (C, 2) field id pairs; pdata, poff from ``field_prefixes``, pword from ``prefix_words``;
+    mask = 2^bits - 1; int_table from ``build_int_table``; seps sized by ``count_separators`` + 1;
     tmp at least as long as the longest row.
     Group map (``pipeline.groups``): sel_group[j] / conj_group[j] (uint8) are the groups of the
     tokens of field sel[j] / conjunction j; entry_group (uint8, per non-zero) gets the smallest
@@ -192,10 +365,10 @@ def parse_criteo_block(
     Output arrays are sized by the caller (status/line_* per line, labels/indptr/row_multi per
     row, indices/values per non-zero).
     """
-    fstart = np.zeros(N_COLS, dtype=np.int64)
-    flen = np.zeros(N_COLS, dtype=np.int64)
-    rawv = np.zeros(N_INT, dtype=np.int64)
-    present = np.zeros(N_INT + N_CAT, dtype=np.bool_)
+    fl = np.zeros(FL_SIZE, dtype=np.int64)
+    tok_group = np.concatenate((sel_group, conj_group))
+    src = np.zeros(sel.shape[0] + conj.shape[0], dtype=np.int64)
+    batch = np.zeros((WORDS8_ROWS, max(sel.shape[0], 1)), dtype=np.uint32)
     row_group = np.zeros(sel.shape[0] + conj.shape[0], dtype=np.uint8)  # group of each token of the row
     track = groups.shape[0] > 0
     n_seps, non_ascii = find_separators(buf, n_bytes, seps)
@@ -206,84 +379,21 @@ def parse_criteo_block(
     indptr[0] = 0
     p = 0
     while p < n_bytes:
-        # walk the precomputed separators of this line: field boundaries and the line end
-        nf = 0
-        fstart[0] = p
-        while ks < n_seps and buf[seps[ks]] == 9:
-            q = seps[ks]
-            if nf < N_COLS:
-                flen[nf] = q - fstart[nf]
-            nf += 1
-            if nf < N_COLS:
-                fstart[nf] = q + 1
-            ks += 1
-        if ks < n_seps:
-            e = seps[ks]  # the newline
-            ks += 1
-        else:
-            e = n_bytes
-        nxt = e + 1
-        if e > p and buf[e - 1] == 13:  # CRLF
-            e -= 1
-        if nf < N_COLS:
-            flen[nf] = e - fstart[nf]
-        nf += 1
+        ks, e, nxt, nf = _walk_line(buf, n_bytes, seps, n_seps, ks, p, fl)
         li = n_lines
         n_lines += 1
         line_start[li] = p
         line_len[li] = e - p
-        st = OK
-        if e == p:
-            st = EMPTY_LINE
-        elif e - p > max_line:
-            st = LINE_TOO_LONG
-        elif non_ascii and not valid_utf8(buf, p, e):
-            st = INVALID_UTF8
-        elif nf != N_COLS:
-            st = WRONG_FIELD_COUNT
-        elif flen[0] != 1 or (buf[fstart[0]] != 48 and buf[fstart[0]] != 49):
-            st = BAD_LABEL
-        else:
-            for k in range(N_INT):
-                ln = flen[k + 1]
-                if ln == 0:
-                    present[k] = False
-                    continue
-                c0 = fstart[k + 1]
-                ok, v = parse_int(buf, c0, c0 + ln)
-                if not ok:
-                    st = BAD_INTEGER
-                    break
-                present[k] = True
-                rawv[k] = v
-            for k in range(N_CAT):
-                present[N_INT + k] = flen[N_INT + 1 + k] > 0
+        st = _line_status(buf, p, e, nf, max_line, non_ascii, fl)
         status[li] = st
         if st == OK:
-            labels[n_rows] = 1.0 if buf[fstart[0]] == 49 else 0.0
+            labels[n_rows] = 1.0 if buf[p] == 49 else 0.0
             r0 = nnz
-            for j in range(sel.shape[0]):
-                f = sel[j]
-                if not present[f]:
-                    continue
-                if f < N_INT and INT_TABLE_LO <= rawv[f] < INT_TABLE_HI:
-                    indices[nnz] = int_table[f, rawv[f] - INT_TABLE_LO]
-                else:
-                    pos = _write_token(f, buf, fstart, flen, rawv, int_mode, pdata, poff, scratch, 0)
-                    indices[nnz] = murmur3_32(scratch, 0, pos, seed) & mask
-                row_group[nnz - r0] = sel_group[j]
-                nnz += 1
-            for j in range(conj.shape[0]):
-                a = conj[j, 0]
-                b = conj[j, 1]
-                if not (present[a] and present[b]):
-                    continue
-                pos = _write_token(a, buf, fstart, flen, rawv, int_mode, pdata, poff, scratch, 0)
-                scratch[pos] = 94  # '^'
-                pos = _write_token(b, buf, fstart, flen, rawv, int_mode, pdata, poff, scratch, pos + 1)
-                indices[nnz] = murmur3_32(scratch, 0, pos, seed) & mask
-                row_group[nnz - r0] = conj_group[j]
-                nnz += 1
+            n = _row_indices(buf, n_bytes, fl, sel, conj, int_mode, pdata, poff, pword, mask, seed, int_table, scratch,
+                             indices, r0, src, batch)
+            for t in range(n):
+                row_group[t] = tok_group[src[t]]
+            nnz += n
             raw = nnz
             nnz = _sort_count_row(indices, values, r0, raw, tmp, row_group, entry_group)
             row_multi[n_rows] = nnz != raw

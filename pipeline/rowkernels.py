@@ -100,6 +100,39 @@ def parse_int(buf, start, end):
     return True, -v if neg else v
 
 
+_ZEROS8 = np.uint64(0x3030303030303030)  # '0' * 8
+_NIBBLE_HI = np.uint64(0xF0F0F0F0F0F0F0F0)
+_SIXES = np.uint64(0x0606060606060606)
+_LANES2 = np.uint64(0x000000FF000000FF)
+
+
+@njit(cache=True, inline="always")
+def parse_int_swar(buf, start, end):
+    """:func:`parse_int` (same results) reading up to 8 digits as one 8-byte word, without a
+    branch per digit: the digits moved to the word's top bytes behind '0's, checked to be all
+    '0'..'9' at once and combined pairwise (2, 4, then 8 digits). Longer values, and values
+    whose word would pass the end of buf, go to :func:`parse_int`."""
+    n = end - start
+    if n <= 0:
+        return False, np.int64(0)
+    c = buf[start]
+    sign = (c == 45) | (c == 43)  # '-' '+'
+    p = start + sign
+    digits = n - sign
+    if digits < 1 or digits > 8 or p + 8 > buf.shape[0]:
+        return parse_int(buf, start, end)
+    sh = np.uint64(64 - 8 * digits)
+    w = (load_u64(buf, p) << sh) | ((_ZEROS8 >> np.uint64(56 - sh)) >> np.uint64(8))
+    if (w & _NIBBLE_HI) != _ZEROS8 or ((w + _SIXES) & _NIBBLE_HI) != _ZEROS8:
+        return False, np.int64(0)
+    x = w - _ZEROS8
+    x = x * np.uint64(10) + (x >> np.uint64(8))
+    x = (((x & _LANES2) * np.uint64(100 + (1000000 << 32)))
+         + (((x >> np.uint64(16)) & _LANES2) * np.uint64(1 + (10000 << 32)))) >> np.uint64(32)
+    v = np.int64(x & np.uint64(0xFFFFFFFF))
+    return True, -v if c == 45 else v
+
+
 @njit(cache=True, inline="always")
 def parse_float(buf, start, end, pow10):
     """Parse a finite decimal ``[+-]?digits[.digits][(e|E)[+-]?digits]``. Returns (ok, value).
@@ -256,6 +289,34 @@ def prefetch(typingctx, arr, i):
         return context.get_dummy_value()
 
     return types.void(arr, i), codegen
+
+
+@intrinsic
+def load_u64(typingctx, arr, i):
+    """The 8 bytes arr[i:i+8] of a 1-D uint8 array as a little-endian uint64 (one unaligned
+    load; no bounds check: the caller guarantees i + 8 <= len(arr))."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        aryty, ity = signature.args
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = builder.gep(ary.data, [context.cast(builder, args[1], ity, types.intp)])
+        return builder.load(builder.bitcast(ptr, ir.IntType(64).as_pointer()), align=1)
+
+    return types.uint64(arr, i), codegen
+
+
+@intrinsic
+def trailing_zeros(typingctx, x):
+    """Number of trailing zero bits of an unsigned integer (its bit width for 0)."""
+    if not isinstance(x, types.Integer) or x.signed:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 0))
+
+    return x(x), codegen
 
 
 GROUP_PREFETCH = 256  # group-map entries prefetched ahead (chosen by measurement: docs/design-notes.md)

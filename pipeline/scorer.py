@@ -1,9 +1,12 @@
 """Score raw log lines with a model directory, without Spark or a JVM.
 
-The feature spec in the model's ``metadata.json`` is the public contract: the same compiled
-parsing kernels as featurize (``pipeline.blocks.BlockParser``) turn lines into hashed CSR rows,
-and the same scoring formula as the predict job (``solvers.predict``) turns them into
-probabilities. So a line scores to the same float64 bits here as its row does in ``predict``.
+The feature spec in the model's ``metadata.json`` is the public contract. Criteo lines go
+through one fused kernel (``pipeline.score_kernel``) built from featurize's own line helpers
+(validation, tokens, hashing) that sums each row's margin with the predict job's operations in
+its order, without writing CSR rows; LibSVM lines through featurize's parser
+(``pipeline.blocks.BlockParser``) and the predict job's margins. Either way the probabilities
+come from the predict job's formula (``solvers.predict.sigmoid``), so a line scores to the same
+float64 bits here as its row does in ``predict``.
 
 Lines are in the format the model was featurized from (``spec.format``): Criteo TSV (label, 13
 integer fields, 26 categorical fields) or LibSVM (``label idx:val ...``). The label must be
@@ -33,6 +36,7 @@ from terascale.pipeline.blocks import BlockParser
 from terascale.pipeline.pointer import resolve_model
 from terascale.pipeline.rowkernels import REASONS
 from terascale.pipeline.sampling import logit_shift, model_negative_rate
+from terascale.pipeline.score_kernel import score_criteo_block
 from terascale.pipeline.spec import FeatureSpec
 from terascale.solvers.catalogue import loss_spec
 from terascale.solvers.data import CSRData
@@ -67,6 +71,15 @@ class Scorer:
         max_line = int(meta["config"].get("featurize", {}).get("max_line_bytes", 65536))
         self._parser = BlockParser(self.spec, max_line)
         self._n_features = 1 << self.spec.bits
+        self._sigmoid = loss_spec(self.loss).link == "sigmoid"
+        self._fused = self.spec.format == "criteo"
+        if self._fused:  # the fused kernel reads the weights as they are: float32, C-contiguous
+            if self.weights.shape != (self._n_features,):
+                raise ValueError(f"weights have shape {self.weights.shape}, the spec {self._n_features} features")
+            self._coef = np.ascontiguousarray(self.weights, dtype=np.float32)
+            self._seps = np.zeros(0, np.int64)
+            self._status = np.zeros(0, np.int8)
+            self._margins = np.zeros(0, np.float64)
         self._prefix = b"" if labeled else (b"0\t" if self.spec.format == "criteo" else b"0 ")
 
     @classmethod
@@ -88,20 +101,54 @@ class Scorer:
         buf = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) else data
         if buf.shape[0] == 0:
             return np.zeros(0, np.float64)
-        pb = self._parser.parse(buf)
-        bad = pb.status != 0
-        if bad.any() and not skip_bad:
+        if self._fused:
+            status, m = self._score_criteo(buf)
+        else:
+            pb = self._parser.parse(buf)
+            status, m = pb.status, None
+        bad = status != 0
+        any_bad = bool(bad.any())
+        if any_bad and not skip_bad:
             i = int(np.flatnonzero(bad)[0])
-            raise MalformedLine(first_line + i, REASONS[int(pb.status[i])])
-        n = pb.labels.shape[0]
-        csr = CSRData(pb.indptr, pb.indices, pb.values, pb.labels, np.ones(n, np.float32), self._n_features)
-        m = decision_function(csr, self.weights, self.intercept)
-        scores = sigmoid(m, self.logit_shift) if loss_spec(self.loss).link == "sigmoid" else m
-        if not bad.any():
+            raise MalformedLine(first_line + i, REASONS[int(status[i])])
+        if m is None:
+            n = pb.labels.shape[0]
+            csr = CSRData(pb.indptr, pb.indices, pb.values, pb.labels, np.ones(n, np.float32), self._n_features)
+            m = decision_function(csr, self.weights, self.intercept)
+        elif any_bad:
+            m = m[~bad]
+        if self._sigmoid:
+            scores = sigmoid(m, self.logit_shift)
+        else:
+            scores = m.copy() if self._fused and not any_bad else m  # (not the kernel's buffer)
+        if not any_bad:
             return scores
-        out = np.full(pb.n_lines, np.nan)
+        out = np.full(status.shape[0], np.nan)
         out[~bad] = scores
         return out
+
+    def _score_criteo(self, buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(status, margin) of every line of a Criteo block (``pipeline.score_kernel``); the
+        margins of bad lines are 0. Views of the kernel's buffers when one call did the block:
+        valid until the next block."""
+        n_bytes = buf.shape[0]
+        if self._seps.shape[0] < n_bytes + 1:
+            self._seps = np.zeros(n_bytes + 1, np.int64)  # lazily zeroed: pages are touched only as used
+        cap = max(self._status.shape[0], n_bytes // 64 + 16)
+        if self._status.shape[0] < cap:
+            self._status, self._margins = np.zeros(cap, np.int8), np.zeros(cap, np.float64)
+        pr, parts, p = self._parser, [], 0
+        while p < n_bytes:
+            n, p = score_criteo_block(
+                buf, n_bytes, p, pr.max_line, pr.sel, pr.int_mode, pr.conj, pr.pdata, pr.poff, pr.pword, pr.mask,
+                self.spec.seed, pr.int_table, self._seps, pr.scratch, self._coef, self.intercept, self._status,
+                self._margins)
+            parts.append((self._status[:n], self._margins[:n]))
+            if p < n_bytes:
+                parts[-1] = (parts[-1][0].copy(), parts[-1][1].copy())
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts])
 
     def predict_lines(self, lines: Iterable[str | bytes], skip_bad: bool = False) -> np.ndarray:
         """Scores (float64) of ``lines`` (str or bytes, one line each, a trailing newline allowed)."""

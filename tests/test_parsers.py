@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from numba import njit
 
 from terascale.jobs.config import CRITEO_FIELDS, CRITEO_INT_FIELDS
-from terascale.pipeline.criteo_kernel import INT_TABLE_HI, INT_TABLE_LO, bucket_of
-from terascale.pipeline.rowkernels import POW10, parse_float
+from terascale.pipeline.criteo_kernel import INT_TABLE_HI, INT_TABLE_LO, bucket_of, find_separators
+from terascale.pipeline.rowkernels import POW10, parse_float, parse_int, parse_int_swar
 from terascale.pipeline.spec import FeatureSpec, bucket, criteo_tokens, indices_values
 from tests.parse_helpers import parse_bytes
 
@@ -202,3 +203,40 @@ def test_float_parser_matches_python(x):
             assert ok and np.float32(v) == np.float32(float(text)), text
         else:  # beyond float32: the LibSVM parser rejects it either way
             assert not ok or abs(v) > 3.4e38, text
+
+
+@njit(cache=True)
+def _both_int_parsers(buf, start, end):
+    a, va = parse_int(buf, start, end)
+    b, vb = parse_int_swar(buf, start, end)
+    return a, va, b, vb
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.integers(-(10**19), 10**19).map(str), st.text(alphabet="0123456789+-/:a ", max_size=12)),
+       st.integers(0, 9))
+@example("12345678", 0)
+@example("-12345678", 0)
+@example("+", 3)
+@example("00000000", 8)
+@example("9" * 18, 1)
+def test_word_at_a_time_int_parser_equals_the_digit_loop(text, pad):
+    """parse_int_swar = parse_int (ok and value), the token ending the buffer or followed by pad bytes."""
+    raw = text.encode() + b"\t" * pad
+    buf = np.frombuffer(raw or b"\t", np.uint8)
+    a, va, b, vb = _both_int_parsers(buf, 0, len(text))
+    assert (a, va if a else 0) == (b, vb if b else 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300).map(lambda b: bytes(b"\t\n\r0a\xc3"[x % 6] if x % 3 else x for x in b)))
+@example(b"\t" * 64 + b"\n" * 64 + b"x")
+@example(b"")
+def test_separators_are_every_tab_and_newline(raw):
+    """find_separators (64 bytes a word-built bit map, then the rest a byte at a time) against a plain scan."""
+    buf = np.frombuffer(raw or b"\0", np.uint8)
+    n = len(raw)
+    seps = np.zeros(n + 1, np.int64)
+    k, non_ascii = find_separators(buf, n, seps)
+    want = [i for i, c in enumerate(raw) if c in (9, 10)]
+    assert seps[:k].tolist() == want and non_ascii == any(c >= 128 for c in raw)
