@@ -72,21 +72,32 @@ def murmur3_32(buf, start, n, seed):
     return _fmix32(h)
 
 
-@intrinsic
-def load_u32(typingctx, arr, i):
-    """The 4 bytes arr[i:i+4] of a 1-D uint8 array as a little-endian unsigned int64 (one
-    unaligned load; no bounds check: the caller guarantees i + 4 <= len(arr))."""
-    if not (isinstance(arr, types.Array) and arr.ndim == 1 and isinstance(i, types.Integer)):
-        return None
+def is_byte_index(arr, i) -> bool:
+    """The argument types of an unaligned load: a 1-D array and an integer position."""
+    return isinstance(arr, types.Array) and arr.ndim == 1 and isinstance(i, types.Integer)
+
+
+def unaligned_load(width: int, widen: bool):
+    """The codegen of an intrinsic ``(arr, i)`` that reads ``width`` bits at the byte address
+    of arr[i] in one unaligned load, zero-extended to 64 bits when ``widen``."""
 
     def codegen(context, builder, signature, args):
         aryty, ity = signature.args
         ary = context.make_array(aryty)(context, builder, args[0])
         ptr = builder.gep(ary.data, [context.cast(builder, args[1], ity, types.intp)])
-        v = builder.load(builder.bitcast(ptr, ir.IntType(32).as_pointer()), align=1)
-        return builder.zext(v, ir.IntType(64))
+        v = builder.load(builder.bitcast(ptr, ir.IntType(width).as_pointer()), align=1)
+        return builder.zext(v, ir.IntType(64)) if widen else v
 
-    return types.int64(arr, i), codegen
+    return codegen
+
+
+@intrinsic
+def load_u32(typingctx, arr, i):
+    """The 4 bytes arr[i:i+4] of a 1-D uint8 array as a little-endian unsigned int64 (one
+    unaligned load; no bounds check: the caller guarantees i + 4 <= len(arr))."""
+    if not is_byte_index(arr, i):
+        return None
+    return types.int64(arr, i), unaligned_load(32, widen=True)
 
 
 @njit(cache=True, inline="always")

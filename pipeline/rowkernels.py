@@ -12,6 +12,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from terascale.pipeline.hashing import is_byte_index, unaligned_load
+
 # Reason codes of a malformed line. 0 is a good line. The names are the public quarantine reasons.
 OK = 0
 EMPTY_LINE = 1
@@ -295,16 +297,9 @@ def prefetch(typingctx, arr, i):
 def load_u64(typingctx, arr, i):
     """The 8 bytes arr[i:i+8] of a 1-D uint8 array as a little-endian uint64 (one unaligned
     load; no bounds check: the caller guarantees i + 8 <= len(arr))."""
-    if not (isinstance(arr, types.Array) and arr.ndim == 1 and isinstance(i, types.Integer)):
+    if not is_byte_index(arr, i):
         return None
-
-    def codegen(context, builder, signature, args):
-        aryty, ity = signature.args
-        ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = builder.gep(ary.data, [context.cast(builder, args[1], ity, types.intp)])
-        return builder.load(builder.bitcast(ptr, ir.IntType(64).as_pointer()), align=1)
-
-    return types.uint64(arr, i), codegen
+    return types.uint64(arr, i), unaligned_load(64, widen=False)
 
 
 @intrinsic
