@@ -22,8 +22,8 @@ from terascale.jobs.steps import (
     evaluate,
     featurize,
     featurize_summary,
-    l2_text,
     metrics_summary,
+    penalty_text,
     train,
     train_summary,
 )
@@ -74,7 +74,7 @@ def run_demo(workdir: str, rows: int) -> int:
     conserved = m["lines"] == m["rows"] + dropped + m["quarantine"]["rows"]
     print(f"  rows in = written + dropped by sampling + quarantined: {'yes' if conserved else 'NO'}")
 
-    print(f"[3/4] training ({cfg.train.solver}, {cfg.train.workers} workers, l2 {l2_text(cfg.train.l2)})")
+    print(f"[3/4] training ({cfg.train.solver}, {cfg.train.workers} workers, l2 {penalty_text(cfg.train.l2)})")
     meta = train(cfg, data, model)
     print(train_summary(meta))
 

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 
 from terascale.solvers.catalogue import solver_spec
 from terascale.solvers.hot import MAX_HOT, ROWS_PER_LINE
+from terascale.solvers.regpath import auto_penalty
 
 PROCESS_BASELINE, SHARD, MODEL_STATE, LBFGS_MEMORY, BUFFERS = (
     "process_baseline", "shard", "model_state", "lbfgs_memory", "buffers")
@@ -125,7 +126,7 @@ class Plan:
     @classmethod
     def of(cls, p, holdout: bool, workers: int, chunk_bytes: int) -> Plan:
         """From any object with the solver's parameters (a ``TrainConf``, ``SolverParams``)."""
-        return cls(p.solver, p.lbfgs_memory, p.threads, p.partition, holdout, workers, chunk_bytes, "auto" in (p.l2, p.l1))
+        return cls(p.solver, p.lbfgs_memory, p.threads, p.partition, holdout, workers, chunk_bytes, auto_penalty(p) is not None)
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ def train(cfg, data_dir: str, model_dir: str) -> dict:
     return run_train(get_spark(cfg.spark, cfg.train.threads), cfg, data_dir, model_dir)
 
 
-def l2_text(value) -> str:
+def penalty_text(value) -> str:
     """A penalty (``train.l2``, ``train.l1``) for display: ``auto`` or the number."""
     return value if isinstance(value, str) else f"{value:g}"
 
@@ -72,7 +72,7 @@ def penalties_text(meta: dict) -> str:
         if reg.get("penalty") == name:
             parts.append(f"{name} auto: {reg['value']:g}")
         elif name == "l2" or value:
-            parts.append(f"{name} {l2_text(value)}")
+            parts.append(f"{name} {penalty_text(value)}")
     return ", ".join(parts)
 
 

