@@ -149,7 +149,8 @@ def test_l1_objective_matches_scikit_learn_on_real_data_written_as_libsvm(tmp_pa
     LogisticRegression minimises C·Σᵢℓᵢ + ‖β‖₁ (saga: b unpenalized), i.e. ours times 1/λ₁ with
     C = 1/(n·λ₁); elastic net: C·Σᵢℓᵢ + r‖β‖₁ + (1−r)/2‖β‖², C = 1/(n·(λ₁+λ₂)), r = λ₁/(λ₁+λ₂).
     liblinear penalizes its bias feature (value s = intercept_scaling): with s = 1e4 the extra
-    |b|/s term moves f by < 1e-9 relative. OWL-QN's f must be within 1e-6 (relative) of each, and
+    |b|/s term moves f by < 1e-9 relative. liblinear's coordinate order is random: seeded, since
+    at tol 1e-12 some orders never meet its stopping rule and run all 200,000 iterations (~30 s). OWL-QN's f must be within 1e-6 (relative) of each, and
     no worse than any."""
     from sklearn.datasets import dump_svmlight_file, load_breast_cancer, load_svmlight_file
     from sklearn.linear_model import LogisticRegression
@@ -170,7 +171,7 @@ def test_l1_objective_matches_scikit_learn_on_real_data_written_as_libsvm(tmp_pa
         if name == "l1":
             saga = LogisticRegression(l1_ratio=1.0, C=1.0 / (n * l1), solver="saga", tol=1e-12, max_iter=200_000)
             lib = LogisticRegression(l1_ratio=1.0, C=1.0 / (n * l1), solver="liblinear", tol=1e-12,
-                                     max_iter=200_000, intercept_scaling=1e4)
+                                     max_iter=200_000, intercept_scaling=1e4, random_state=0)
             refs = {"saga": saga.fit(xd, data.labels), "liblinear": lib.fit(xd, data.labels)}
         else:
             saga = LogisticRegression(C=1.0 / (n * (l1 + l2)), l1_ratio=l1 / (l1 + l2),
