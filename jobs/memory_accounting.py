@@ -54,7 +54,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from terascale.solvers.catalogue import solver_spec
-from terascale.solvers.hot import MAX_HOT, ROWS_PER_LINE
+from terascale.solvers.hot import ALIGN, MAX_HOT, ROW_BYTES, ROWS_PER_ALIGN
 from terascale.solvers.regpath import auto_penalty
 
 PROCESS_BASELINE, SHARD, MODEL_STATE, LBFGS_MEMORY, BUFFERS = (
@@ -97,8 +97,10 @@ def csr_bytes(rows: int, nnz: int, nnz_values: int | None = None) -> int:
 
 def hot_bytes(n_features: int, threads: int) -> int:
     """The online phase's hot-feature replicas with T > 1 (:mod:`solvers.hot`): T blocks of at most
-    MAX_HOT + 1 rows of 16 B, and while relabelling a slot map (2 B) and a bitmap (1 bit) per feature."""
-    return threads * (MAX_HOT + ROWS_PER_LINE) * 16 + 2 * n_features + (n_features + 7) // 8
+    MAX_HOT + 1 rows of 16 B each rounded up to ALIGN bytes, the rows and bytes that align them, and
+    while relabelling a slot map (2 B) and a bitmap (1 bit) per feature."""
+    blocks = (threads * (MAX_HOT + ROWS_PER_ALIGN) + ROWS_PER_ALIGN) * ROW_BYTES + ALIGN
+    return blocks + 2 * n_features + (n_features + 7) // 8
 
 
 def batch_bytes(rows: int, nnz: int) -> int:

@@ -14,9 +14,17 @@ rank's threads, one block of rows each), :meth:`HotReplicas.unlabel` when the on
 them the shard's indices hold n + 1 + q for hot feature q; the online learner marks its features
 with :func:`~solvers.kernels.hot.mark_relabelled` meanwhile.
 
-**Cost.** The state table grows by T·stride rows (16 B each, stride = H + 1 rounded up to a
-64-byte line); relabelling holds a slot map of 2 B per feature and a bitmap of one bit per
-feature until it is done.
+**Layout.** Each thread's block starts on a :data:`ALIGN`-byte boundary of memory and spans a
+whole number of them, so no cache line, nor the pair of lines that x86's adjacent-line
+prefetcher moves together, holds rows of two threads. The table is allocated aligned for it:
+numpy's large arrays start 16 bytes past a page (the allocator's header), and with blocks
+placed only by row number thread 0's intercept replica shared a line with thread 1's two
+hottest features whenever (H + 1) mod 4 ∈ {1, 2}, which took the 2-thread pass from 1.85× to
+1.4× one thread's rate on the 2M-row benchmark (docs/design-notes.md).
+
+**Cost.** The state table grows by at most 8 + T·stride rows (16 B each, stride = H + 1 rounded
+up to :data:`ALIGN` bytes); relabelling holds a slot map of 2 B per feature and a bitmap of one
+bit per feature until it is done.
 """
 
 from __future__ import annotations
@@ -32,7 +40,9 @@ MIN_SHARE = 1.0 / 1024.0
 MAX_HOT = 4096
 SAMPLE_RANGES = 16
 SAMPLE_ROWS = 4096
-ROWS_PER_LINE = 4  # 16-byte rows in a 64-byte cache line
+ALIGN = 128  # bytes: two 64-byte cache lines (the adjacent-line prefetcher's unit)
+ROW_BYTES = STATE_COLUMNS * 4  # a float32 state row
+ROWS_PER_ALIGN = ALIGN // ROW_BYTES
 
 
 def choose_hot(shard: Shard) -> np.ndarray:
@@ -61,20 +71,25 @@ class HotReplicas:
         self.n = n_features
         self.threads = threads
         h = hot_ids.shape[0]
-        self.stride = -(-(h + 1) // ROWS_PER_LINE) * ROWS_PER_LINE
+        self.stride = -(-(h + 1) // ROWS_PER_ALIGN) * ROWS_PER_ALIGN
+        self.first = -(-(n_features + 1) // ROWS_PER_ALIGN) * ROWS_PER_ALIGN  # thread 0's block
         self.relabelled = False
 
     def extended_table(self) -> np.ndarray:
         """A zero state table with the replica blocks below the canonical rows (the intercept's
-        normalizer 1, as :func:`~solvers.kernels.online.new_state`)."""
-        state = np.zeros((self.n + 1 + self.threads * self.stride, STATE_COLUMNS), dtype=np.float32)
+        normalizer 1, as :func:`~solvers.kernels.online.new_state`), its first byte on an
+        :data:`ALIGN` boundary, so that every block is (module docstring)."""
+        rows = self.first + self.threads * self.stride
+        raw = np.zeros(rows * ROW_BYTES + ALIGN, dtype=np.uint8)
+        skip = -raw.ctypes.data % ALIGN
+        state = raw[skip : skip + rows * ROW_BYTES].view(np.float32).reshape(rows, STATE_COLUMNS)
         state[self.n, S] = 1.0
         return state
 
     def kernel_args(self, i: int) -> tuple[int, int, int]:
         """(n_features, offset, bias) of :func:`~solvers.kernels.online.online_pass` for thread i."""
-        base = i * self.stride
-        return self.n, base, self.n + 1 + base + self.hot_ids.shape[0]
+        base = self.first + i * self.stride
+        return self.n, base - (self.n + 1), base + self.hot_ids.shape[0]
 
     def relabel(self, shard: Shard, threads: RowThreads) -> None:
         """Relabel the hot features' entries of the shard in place, on the rank's threads."""
@@ -105,7 +120,7 @@ class HotReplicas:
         self.relabelled = False
 
     def seed(self, table: np.ndarray) -> None:
-        seed_replicas(table, self.hot_ids, self.n, self.stride, self.threads)
+        seed_replicas(table, self.hot_ids, self.n, self.first, self.stride, self.threads)
 
     def merge(self, table: np.ndarray) -> None:
-        merge_replicas(table, self.hot_ids, self.n, self.stride, self.threads)
+        merge_replicas(table, self.hot_ids, self.n, self.first, self.stride, self.threads)

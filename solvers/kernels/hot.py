@@ -7,11 +7,12 @@ thread's speed. Giving each thread its own rows for those features removes the c
 rest of the table stays shared, lock-free (Hogwild).
 
 Layout. The state table is extended below the canonical rows 0..n (n features, the intercept at
-row n): thread i's block starts at row n + 1 + i·stride and holds the replicas of hot features
-q = 0..H−1 and, at q = H, of the intercept. The shard's indices are relabelled in place: an
-entry of hot feature ``hot_ids[q]`` becomes n + 1 + q (:func:`relabel`; :func:`unlabel` undoes
-it exactly); the online kernel adds the thread's offset i·stride to every index above n and
-reads the intercept from the thread's row n + 1 + i·stride + H.
+row n): thread i's block starts at row ``first`` + i·stride (``first`` ≥ n + 1; where the blocks
+start and how far apart they lie is :mod:`solvers.hot`'s choice) and holds the replicas of hot
+features q = 0..H−1 and, at q = H, of the intercept. The shard's indices are relabelled in place:
+an entry of hot feature ``hot_ids[q]`` becomes n + 1 + q (:func:`relabel`; :func:`unlabel` undoes
+it exactly); the online kernel adds the thread's offset ``first`` − (n + 1) + i·stride to every
+index above n and reads the intercept from the thread's row ``first`` + i·stride + H.
 
 Merge, after each pass, for each hot feature and the intercept (canonical row c with w₀, G₀,
 s₀; replica i with wᵢ, Gᵢ, sᵢ, seeded from row c before the pass, :func:`seed_replicas`):
@@ -67,12 +68,12 @@ def mark_relabelled(indices, marks, n):
 
 
 @njit(cache=True, nogil=True)
-def seed_replicas(state, hot_ids, n, stride, threads):
+def seed_replicas(state, hot_ids, n, first, stride, threads):
     """Copy every hot feature's canonical row, and the intercept's (row n), into each thread's
     block (module docstring)."""
     h = hot_ids.shape[0]
     for i in range(threads):
-        base = n + 1 + i * stride
+        base = first + i * stride
         for q in range(h + 1):
             c = hot_ids[q] if q < h else n
             for col in range(state.shape[1]):
@@ -80,7 +81,7 @@ def seed_replicas(state, hot_ids, n, stride, threads):
 
 
 @njit(cache=True, nogil=True)
-def merge_replicas(state, hot_ids, n, stride, threads):
+def merge_replicas(state, hot_ids, n, first, stride, threads):
     """Merge the threads' replicas into the canonical rows (module docstring)."""
     h = hot_ids.shape[0]
     for q in range(h + 1):
@@ -91,7 +92,7 @@ def merge_replicas(state, hot_ids, n, stride, threads):
         s = s0
         clock = state[c, CLOCK]
         for i in range(threads):
-            r = n + 1 + i * stride + q
+            r = first + i * stride + q
             s = max(s, float(state[r, S]))
             clock = max(clock, state[r, CLOCK])
         num = 0.0
@@ -99,7 +100,7 @@ def merge_replicas(state, hot_ids, n, stride, threads):
         moved = 0
         last = 0.0
         for i in range(threads):
-            r = n + 1 + i * stride + q
+            r = first + i * stride + q
             dg = float(state[r, G]) - g0
             if dg > 0.0:
                 si = float(state[r, S])

@@ -1,5 +1,5 @@
 """Per-thread replicas of the hot features (:mod:`solvers.hot`, :mod:`solvers.kernels.hot`):
-the relabelling round trip, the merge rule against its formula, one thread on replicas giving
+the blocks' layout (no 128-byte unit of memory holds rows of two threads), the relabelling round trip, the merge rule against its formula, one thread on replicas giving
 the plain pass's bits, the hot set, and training with T = 2 on data handed over (the replicas
 in use): the shard's feature ids come back exactly, the online pass tracks the single-thread
 pass, and the hybrid reaches scikit-learn's optimum."""
@@ -13,7 +13,7 @@ import pytest
 
 from terascale.solvers.api import SolverParams
 from terascale.solvers.data import CSRData
-from terascale.solvers.hot import HotReplicas, choose_hot
+from terascale.solvers.hot import ALIGN, HotReplicas, choose_hot
 from terascale.solvers.kernels.features import mark_features
 from terascale.solvers.kernels.hot import (
     mark_relabelled,
@@ -63,6 +63,33 @@ def test_the_hot_set_is_the_frequent_features_most_frequent_first():
     assert np.array_equal(ids, choose_hot(Shard.from_csr(data)))  # deterministic
 
 
+@pytest.mark.parametrize("n", [1 << 22, 1 << 20, 1000, 7])
+def test_no_aligned_unit_of_memory_holds_rows_of_two_threads(n):
+    """Every (H, T) puts thread i's rows (its H hot replicas and its intercept) in ALIGN-byte units
+    of memory that no other thread's rows, nor a canonical row, fall in: the intercept replica of
+    thread 0 once shared a line with thread 1's hottest features (module docstring of
+    solvers.hot). The kernel's arguments address exactly those rows."""
+    for h in (1, 2, 3, 4, 7, 8, 904, 2047, 2048, 2418, 7330):
+        for threads in (2, 3):
+            hot = HotReplicas(np.arange(h, dtype=np.int64), n, threads)
+            state = hot.extended_table()
+            assert state.shape[0] >= n + 1 and state[n, S] == 1.0 and not state[: n].any()
+            base = state.ctypes.data
+            units = {}  # ALIGN unit of memory -> owner (thread, or -1 for the canonical rows)
+            for r in range(n + 1):
+                if r < 8 or r > n - 8:
+                    units.setdefault((base + 16 * r) // ALIGN, -1)
+            for i in range(threads):
+                top, offset, bias = hot.kernel_args(i)
+                assert top == n
+                rows = [n + 1 + q + offset for q in range(h)] + [bias]
+                assert rows == list(range(hot.first + i * hot.stride, hot.first + i * hot.stride + h + 1))
+                assert rows[-1] < state.shape[0]
+                for r in rows:
+                    for b in (base + 16 * r, base + 16 * r + 15):
+                        assert units.setdefault(b // ALIGN, i) == i, (h, threads, i, r)
+
+
 def test_relabel_round_trip_and_marks():
     data = _skewed()
     hot = _hot(data, 2)
@@ -90,11 +117,11 @@ def test_the_merge_follows_its_formula():
     h = HotReplicas(hot_ids, n, threads)
     state = h.extended_table()
     state[: n + 1] = rng.random((n + 1, 4)).astype(np.float32)
-    seed_replicas(state, hot_ids, n, h.stride, threads)
+    seed_replicas(state, hot_ids, n, h.first, h.stride, threads)
     before = state.copy()
     for i in range(threads):  # each thread moves its replicas; thread 2 leaves feature 3 alone
         for q in range(4):
-            r = n + 1 + i * h.stride + q
+            r = h.first + i * h.stride + q
             if (i, q) == (2, 1):
                 continue
             state[r, W] = rng.normal()
@@ -102,9 +129,9 @@ def test_the_merge_follows_its_formula():
             state[r, S] = max(state[r, S], np.float32(rng.random() * 1.5))
             state[r, 3] += np.float32(i)
     got = state.copy()
-    merge_replicas(got, hot_ids, n, h.stride, threads)
+    merge_replicas(got, hot_ids, n, h.first, h.stride, threads)
     for q, c in enumerate([*hot_ids.tolist(), n]):
-        rows = [n + 1 + i * h.stride + q for i in range(threads)]
+        rows = [h.first + i * h.stride + q for i in range(threads)]
         s = max(float(before[c, S]), *(float(state[r, S]) for r in rows))
         dg = np.array([float(state[r, G]) - float(before[c, G]) for r in rows])
         w = np.array([float(state[r, W]) * (float(state[r, S]) / s if float(state[r, S]) < s else 1.0) for r in rows])
