@@ -98,9 +98,9 @@ def csr_bytes(rows: int, nnz: int, nnz_values: int | None = None) -> int:
 def hot_bytes(n_features: int, threads: int) -> int:
     """The online phase's hot-feature replicas with T > 1 (:mod:`solvers.hot`): T blocks of at most
     MAX_HOT + 1 rows of 16 B each rounded up to ALIGN bytes, the rows and bytes that align them, and
-    while relabelling a slot map (2 B) and a bitmap (1 bit) per feature."""
+    while relabelling a slot map (2 B), a bitmap (1 bit) and the features' marks (1 B) per feature."""
     blocks = (threads * (MAX_HOT + ROWS_PER_ALIGN) + ROWS_PER_ALIGN) * ROW_BYTES + ALIGN
-    return blocks + 2 * n_features + (n_features + 7) // 8
+    return blocks + 3 * n_features + (n_features + 7) // 8
 
 
 def batch_bytes(rows: int, nnz: int) -> int:

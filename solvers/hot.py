@@ -24,7 +24,9 @@ hottest features whenever (H + 1) mod 4 ∈ {1, 2}, which took the 2-thread pass
 
 **Cost.** The state table grows by at most 8 + T·stride rows (16 B each, stride = H + 1 rounded
 up to :data:`ALIGN` bytes); relabelling holds a slot map of 2 B per feature and a bitmap of one
-bit per feature until it is done.
+bit per feature until it is done, and makes a mark of 1 B per feature: the features the shard
+holds, which the online learner would otherwise find with a walk of its own, on one thread, at
+its first averaging (:meth:`HotReplicas.take_marks`).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class HotReplicas:
         self.stride = -(-(h + 1) // ROWS_PER_ALIGN) * ROWS_PER_ALIGN
         self.first = -(-(n_features + 1) // ROWS_PER_ALIGN) * ROWS_PER_ALIGN  # thread 0's block
         self.relabelled = False
+        self._marks: np.ndarray | None = None  # made by relabel, until take_marks
 
     def extended_table(self) -> np.ndarray:
         """A zero state table with the replica blocks below the canonical rows (the intercept's
@@ -99,13 +102,21 @@ class HotReplicas:
         np.bitwise_or.at(hot_bits, self.hot_ids >> 3, (1 << (self.hot_ids & 7)).astype(np.uint8))
         hot_slot = np.zeros(self.n, dtype=np.int16)
         hot_slot[self.hot_ids] = np.arange(self.hot_ids.shape[0], dtype=np.int16)
+        marks = np.zeros(self.n, dtype=np.uint8)
 
         def work(i: int, lo: int, hi: int, tick) -> None:
             for a, b in shard.chunks(lo, hi):
-                relabel(shard.indices, shard.indptr[a], shard.indptr[b], hot_bits, hot_slot, self.n)
+                relabel(shard.indices, shard.indptr[a], shard.indptr[b], hot_bits, hot_slot, self.n, marks)
 
         threads.run(work, threads.blocks(shard.indptr))
         self.relabelled = True
+        self._marks = marks
+
+    def take_marks(self) -> np.ndarray | None:
+        """The marks of the features in the shard (uint8, 1 where a row holds the feature) made by
+        :meth:`relabel`, handed over once (None after, or before any relabelling)."""
+        marks, self._marks = self._marks, None
+        return marks
 
     def unlabel(self, shard: Shard, threads: RowThreads) -> None:
         """Give the shard back its feature ids (exactly those before :meth:`relabel`)."""

@@ -184,16 +184,18 @@ class OnlineLearner:
         no gradient."""
         if self.space is None:
             run = self.run
-            marks = np.zeros(run.n_features, dtype=np.uint8)
             s = run.inputs.train
             relabelled = self.hot is not None and self.hot.relabelled
-            for a, b in s.chunks():
+            marks = self.hot.take_marks() if relabelled else None  # made while relabelling, on T threads
+            if marks is None:
+                marks = np.zeros(run.n_features, dtype=np.uint8)
+                for a, b in s.chunks():
+                    if relabelled:
+                        mark_relabelled(s.indices[s.indptr[a] : s.indptr[b]], marks, run.n_features)
+                    else:
+                        mark_features(s.indices[s.indptr[a] : s.indptr[b]], marks)
                 if relabelled:
-                    mark_relabelled(s.indices[s.indptr[a] : s.indptr[b]], marks, run.n_features)
-                else:
-                    mark_features(s.indices[s.indptr[a] : s.indptr[b]], marks)
-            if relabelled:
-                marks[self.hot.hot_ids] = 1  # in the data: chosen from a sample of its rows
+                    marks[self.hot.hot_ids] = 1  # in the data: chosen from a sample of its rows
             mark_state(self.table, marks)
             self.space = ActiveFeatures(agree_marks(run.comm, marks), run.n_features)
         return self.space

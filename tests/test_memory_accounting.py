@@ -61,7 +61,7 @@ def test_categories_sum_to_the_total_in_every_phase(solver, active):
         assert cats[BUFFERS] == 32 * (active + 1) + 3 * MIB + second_thread
     elif acc.peak_phase == "online passes":  # two threads: the hot-feature replicas and relabel maps
         assert cats[LBFGS_MEMORY] == 0 and cats[BUFFERS] == 3 * MIB + hot_bytes(1 << 20, 2)
-        assert hot_bytes(1 << 20, 2) == (2 * (4096 + 8) + 8) * 16 + 128 + 2 * (1 << 20) + (1 << 17)
+        assert hot_bytes(1 << 20, 2) == (2 * (4096 + 8) + 8) * 16 + 128 + 3 * (1 << 20) + (1 << 17)
     else:
         assert cats[LBFGS_MEMORY] == 0 and cats[BUFFERS] == 3 * MIB
 

@@ -39,11 +39,16 @@ CLOCK = 3
 
 
 @njit(cache=True, nogil=True)
-def relabel(indices, lo, hi, hot_bits, hot_slot, n):
+def relabel(indices, lo, hi, hot_bits, hot_slot, n, marks):
     """indices[k] = n + 1 + hot_slot[j] for the entries k in lo..hi-1 whose feature j has its
-    bit set in ``hot_bits`` (bit j % 8 of byte j // 8)."""
+    bit set in ``hot_bits`` (bit j % 8 of byte j // 8); marks[j] = 1 for every entry's feature j
+    (the features the data hold, which the online learner agrees on with the other ranks: one
+    walk of the entries for both). Threads relabelling other ranges may share ``marks``: they only
+    ever store 1, so the marks are those of one sequential walk."""
     for k in range(lo, hi):
         j = indices[k]
+        if marks[j] == 0:  # read first: stores to the hot features' lines would bounce between threads
+            marks[j] = 1
         if hot_bits[j >> 3] & (1 << (j & 7)):
             indices[k] = n + 1 + hot_slot[j]
 

@@ -68,7 +68,7 @@ def main() -> dict:
     work = RESULTS / "memory-work"
     ml = _mllib(dataset)
     modes = memory_modes.measure(str(dataset), str(work / "modes"), budget_mb=64)
-    threads = memory_threads.measure(str(dataset), str(work / "threads"))
+    threads = memory_threads.measure(str(dataset), str(work / "threads"), job_repeats=3)
     fig: dict = {"dataset": str(dataset), "rows": ROWS, "bits": BITS, "lambda": LAMBDA, "mllib": ml,
                  "modes": modes, "threads": threads}
 

@@ -97,6 +97,10 @@ def test_relabel_round_trip_and_marks():
     with RowThreads(2) as threads:
         hot.relabel(shard, threads)
         assert hot.relabelled
+        want = np.zeros(data.n_features, np.uint8)
+        mark_features(data.indices, want)
+        np.testing.assert_array_equal(hot.take_marks(), want)  # made on 2 threads while relabelling
+        assert hot.take_marks() is None  # handed over once
         is_hot = np.isin(data.indices, hot.hot_ids)
         assert np.all(shard.indices[is_hot] > data.n_features)
         np.testing.assert_array_equal(shard.indices[~is_hot], data.indices[~is_hot])
