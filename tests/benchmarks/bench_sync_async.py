@@ -20,6 +20,9 @@ the mini-batch baseline, one iteration for L-BFGS, one round for CoCoA):
 * ``online``: the online AdaGrad pass (``train.solver = online``), 1 thread, 1 rank: Hogwild
   with one thread = synchronous averaging with K = 1.
 * ``hogwild-T2``: the same with ``train.threads = 2`` (lock-free threads on shared weights).
+* ``hogwild-T2-hot``: the same on data handed over (``consume_data``), as the train job runs it:
+  each thread then updates its own replicas of the hot features (``solvers.hot``), merged after
+  every pass; likewise ``hybrid-T2-hot`` for ``hybrid-T2``.
 * ``avg-K2``: the online solver on K = 2 ranks (real TreeNodes on 127.0.0.1 in one process, one
   thread each): per-coordinate weighted averaging (Eq. 2 of the terascale paper) after each pass.
 * ``minibatch-T2-b<b>``: the synchronous mini-batch baseline (:func:`minibatch_epochs`): T = 2
@@ -71,7 +74,9 @@ from tests.benchmarks.common import RESULTS, write_result
 
 LAMBDA = 1e-6
 TOLERANCE = 0.01  # "within 1% of the optimal loss"
-DATASET = Path(os.environ.get("TERASCALE_BENCH_DATASET", "/work/bdata/ds2m"))
+#: the featurized click log to study; '' = the benchmark's own (bench_memory's 2M rows at 2^22,
+#: generated and featurized under bench-results/data on first use)
+DATASET = os.environ.get("TERASCALE_BENCH_DATASET", "")
 NAME = "sync_async"
 
 
@@ -280,6 +285,7 @@ class Learner:
     threads: int = 1
     batch_rows: int = 0
     family: str = ""  # async (Hogwild), sync (averaging / mini-batch / batch), dual
+    handed_over: bool = False  # train on a copy handed over (consume_data), as the train job does
 
     def solver_params(self, epochs: int) -> SolverParams:
         return SolverParams(l2=LAMBDA, passes=epochs, tol=1e-12, early_stop_passes=0, threads=self.threads,
@@ -292,6 +298,8 @@ def learners(epochs: int = 12, lbfgs_epochs: int = 25, cocoa_epochs: int = 15,
     out = [
         Learner("online", "solver", epochs, {"solver": "online"}, family="async"),
         Learner("hogwild-T2", "solver", epochs, {"solver": "online"}, threads=2, family="async"),
+        Learner("hogwild-T2-hot", "solver", epochs, {"solver": "online"}, threads=2, family="async",
+                handed_over=True),
         Learner("avg-K2", "ranks", epochs, {"solver": "online"}, ranks=2, family="sync"),
     ]
     out += [Learner(f"minibatch-T2-b{b}", "minibatch", epochs, threads=2, batch_rows=b, family="sync")
@@ -302,6 +310,8 @@ def learners(epochs: int = 12, lbfgs_epochs: int = 25, cocoa_epochs: int = 15,
         Learner("hybrid", "solver", lbfgs_epochs, {"solver": "hybrid", "online_passes": 1}, family="sync"),
         Learner("hybrid-T2", "solver", lbfgs_epochs, {"solver": "hybrid", "online_passes": 1}, threads=2,
                 family="sync"),
+        Learner("hybrid-T2-hot", "solver", lbfgs_epochs, {"solver": "hybrid", "online_passes": 1}, threads=2,
+                family="sync", handed_over=True),
         Learner("hybrid-K2", "ranks", lbfgs_epochs, {"solver": "hybrid", "online_passes": 1}, ranks=2,
                 family="sync"),
         Learner("cocoa", "solver", cocoa_epochs, {"solver": "cocoa"}, family="dual"),
@@ -342,8 +352,10 @@ def run_learner(learner: Learner, data: CSRData, holdout: CSRData | None, epochs
         rec(w, b, passes[0])
 
     if learner.kind == "solver":
+        mine = data.take_rows(np.ones(data.n_rows, dtype=bool)) if learner.handed_over else data  # a copy
         clock.start()
-        train(data, LocalCommunicator(), learner.solver_params(epochs), on_pass_end=on_state)
+        train(mine, LocalCommunicator(), learner.solver_params(epochs), on_pass_end=on_state,
+              consume_data=learner.handed_over)
     elif learner.kind == "minibatch":
         clock.start()
         minibatch_epochs(data, learner.threads, learner.batch_rows, epochs,
@@ -596,7 +608,7 @@ def markdown(result: dict) -> str:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench_sync_async", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dataset", default=str(DATASET))
+    p.add_argument("--dataset", default=DATASET, help="a featurized dataset (default: the benchmark's 2M-row click log)")
     p.add_argument("--rows", default="500000", help="training rows, or several sizes comma-separated")
     p.add_argument("--holdout-rows", type=int, default=100_000)
     p.add_argument("--repeats", type=int, default=2)
@@ -634,6 +646,10 @@ def main(argv: list[str] | None = None) -> dict:
         chosen = [ln for ln in chosen if ln.name in keep]
     out: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()},
                            "lambda": LAMBDA, "learners": [ln.name for ln in chosen], "sizes": {}}
+    if not args.dataset and any(v is None for v in sizes.values()):
+        from tests.benchmarks.bench_memory import _dataset
+
+        args.dataset = str(_dataset())
     t0 = time.perf_counter()
     for size in sizes:
         data, holdout = sizes[size] if sizes[size] is not None else load_rows(Path(args.dataset), int(size),
