@@ -26,6 +26,7 @@ from terascale.pipeline.sampling import CALIBRATIONS
 from terascale.pipeline.shard_cache import budget_error, minimum_budget_mb
 from terascale.pipeline.spec import MAX_BITS
 from terascale.solvers.catalogue import PARAMS as SOLVER_PARAMS
+from terascale.solvers.catalogue import loss_spec, solver_spec
 from terascale.solvers.constraints import (  # noqa: F401 - ConfigError and the constraint types are this module's API too
     ConfigError,
     Interval,
@@ -151,6 +152,11 @@ class _TrainJobTail:
     """train.* keys of the job that come after the solver's."""
 
     holdout_period: int = param(10, "1 row in N is held out for early stopping (as VW's --holdout_period), chosen by a hash of the row's file (relative to the dataset) and index in it, seeded by train.seed: the same rows for any train.workers (solvers.holdout); 0 = none, 1 = all (nothing left to train on)", Interval(0, 1000000, integer=True))
+    recalibrate: str = param(
+        "auto", "fit the slope and shift of sigma(a * margin + c) to the held-out rows after training (solvers."
+        "recalibration) and score with them: on, off, or auto = on when the dataset was negative-downsampled "
+        "(featurize.negative_rate < 1), whose weighted model over-predicts on unsampled data; needs held-out rows "
+        "and a loss whose link is the sigmoid", OneOf(("auto", "on", "off")))
     init_model: str = param("", "warm-start from this model directory (its feature spec must equal the data's)", Pattern(nonempty=False))
     overwrite: bool = param(False, "replace an existing model at --model (atomically); without it train refuses "
                             "one (anything that is not a terascale model is always refused)")
@@ -294,9 +300,11 @@ class PredictConf:
                             "refuses them (anything that is not terascale's predictions is always refused)")
     calibration: str = param(
         "population",
-        "probabilities of a model trained on negative-downsampled data (featurize.negative_rate = r < 1): "
-        "population = sigma(margin), calibrated to the unsampled data (the 1/r weights already corrected it); "
-        "sampled = sigma(margin - ln r), the click rate among the kept rows, for teams that correct it themselves",
+        "which probabilities scoring reports: population = sigma(a * margin + c), with the slope and shift the model "
+        "fitted on its held-out rows (train.recalibrate; a = 1, c = 0 when it fitted none), calibrated to the unsampled "
+        "data; sampled = sigma(a * margin + c - ln r) for a model trained on negatives kept at rate r "
+        "(featurize.negative_rate), the click rate among the kept rows, for teams that correct it themselves; "
+        "raw = sigma(margin), the model's own margins without the held-out recalibration",
         OneOf(CALIBRATIONS),
     )
 
@@ -438,6 +446,15 @@ def _cross_checks(cfg: Config) -> None:
         raise ConfigError(f"train.{auto} = 'auto': chooses {auto} by the held-out loss, which needs held-out rows: "
                           f"set train.holdout_period to N > 1 (1 row in N held out; the default is 10; got "
                           f"{t.holdout_period}), or set train.{auto} to a number")
+    if t.recalibrate == "on" and loss_spec(t.loss).link != "sigmoid":
+        raise ConfigError(f"train.recalibrate = 'on': fits sigma(a * margin + c), which needs a loss whose link is the "
+                          f"sigmoid (logistic); train.loss = {t.loss!r} predicts margins. Set train.recalibrate=off or auto")
+    if t.recalibrate == "on" and (t.holdout_period in (0, 1) or not solver_spec(t.solver).holdout):
+        why = (f"train.solver = {t.solver!r} trains on every row" if not solver_spec(t.solver).holdout
+               else f"train.holdout_period = {t.holdout_period} leaves none to fit on")
+        raise ConfigError(f"train.recalibrate = 'on': is fitted on the held-out rows, and {why}; set "
+                          "train.holdout_period to N > 1 (the default is 10) with a solver that holds rows out, or "
+                          "train.recalibrate=off or auto")
     if t.data_cache == "disk" and t.shuffle:
         raise ConfigError("train.shuffle = true: needs train.data_cache = 'memory' or 'auto' (got 'disk'): a shuffled "
                           "online pass reads rows at random, which a shard streamed from the local cache cannot "

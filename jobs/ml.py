@@ -52,6 +52,7 @@ from terascale.jobs.train_job import run_train
 from terascale.pipeline import fsutil, modeldir
 from terascale.pipeline.manifest import read_manifest
 from terascale.pipeline.redact import redact, redact_text
+from terascale.pipeline.sampling import score_transform
 from terascale.solvers.catalogue import loss_spec
 
 log = logging.getLogger("terascale.ml")
@@ -162,12 +163,13 @@ class TerascaleClassifier(Estimator, SchemaParams, _OutputParams, DefaultParamsR
 
 
 def _score_udf(bc, n_features: int, logistic: bool):
-    """An Arrow UDF (indices, values) -> float64 scoring with the broadcast (weights, intercept)."""
+    """An Arrow UDF (indices, values) -> float64 scoring with the broadcast (weights, intercept, slope,
+    shift): σ(slope·m + shift), the model's population probabilities (``pipeline.sampling``), or m."""
     from pyspark.sql.functions import arrow_udf
 
     def score(indices: pa.Array, values: pa.Array) -> pa.Array:
         from terascale.pipeline.dataset import tables_to_csr
-        from terascale.solvers.predict import decision_function, predict_proba
+        from terascale.solvers.predict import decision_function, sigmoid
         from terascale.solvers.shard import Shard, find_problem
 
         n = len(indices)
@@ -180,8 +182,9 @@ def _score_udf(bc, n_features: int, logistic: bool):
         problem = find_problem(csr, Shard.from_csr(csr), "transform", "squared")
         if problem is not None:
             raise problem
-        w, b = bc.value
-        return pa.array(predict_proba(csr, w, b) if logistic else decision_function(csr, w, b))
+        w, b, slope, shift = bc.value
+        m = decision_function(csr, w, b)
+        return pa.array(sigmoid(m, shift, slope) if logistic else m)
 
     return arrow_udf(score, "double")
 
@@ -218,7 +221,8 @@ class TerascaleModel(Model, _OutputParams, MLReadable, MLWritable):
 
     def _broadcast(self, sc):
         if self._bc is None or self._bc[0] is not sc:
-            self._bc = (sc, sc.broadcast((self.weights, self.intercept)))
+            slope, shift = score_transform(self.metadata, "population")
+            self._bc = (sc, sc.broadcast((self.weights, self.intercept, slope, shift)))
         return self._bc[1]
 
     def _transform(self, dataset):

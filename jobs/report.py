@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from terascale.jobs.memory_accounting import CATEGORIES, fmt_bytes  # noqa: E402
-from terascale.jobs.steps import penalties_text  # noqa: E402
+from terascale.jobs.steps import penalties_text, recalibration_text  # noqa: E402
 from terascale.pipeline import modeldir  # noqa: E402
 from terascale.pipeline.redact import redact  # noqa: E402
 
@@ -297,6 +297,7 @@ def _html(meta: dict, metrics: dict | None, images: dict[str, bytes]) -> str:
         ("time in job", f"{meta['train_seconds']:.2f} s, {len(meta['attempts'])} attempt(s)"),
         *([("negative downsampling", f"rate {d['negative_rate']:g}: {d['weighting']}")]
           if d.get("negative_rate", 1.0) < 1 else []),
+        *([("recalibrated", c)] if (c := recalibration_text(meta)) else []),
     ]
     ranks = [(f"rank {r['rank']}", f"shard {r['shard']} ({r['attempt_id']}), {r['rows']:,} rows, {r['nnz']:,} non-zeros, "
               f"read {r['read_s']:.2f} s, total {r['seconds']:.2f} s") for r in meta["per_rank"]]
@@ -321,7 +322,9 @@ def _html(meta: dict, metrics: dict | None, images: dict[str, bytes]) -> str:
             ("logloss", f"{metrics['logloss']:.6f}"), ("normalized entropy", f"{metrics['normalized_entropy']:.6f}"),
             ("auROC", f"{metrics['auroc']:.6f}"),
             *([("non-zero weights", f"{metrics['nonzeros']:,} of {metrics['features']:,}")] if "nonzeros" in metrics else []), ("auPRC", f"{metrics['auprc']:.6f}"),
-            ("calibration", f"{metrics['calibration']:.4f}"),
+            ("calibration", f"{metrics['calibration']:.4f}" + (f" (recalibrated; sigma(margin) alone "
+                                                                 f"{metrics['raw_calibration']:.4f})"
+                                                                 if "raw_calibration" in metrics else "")),
             *([("weighting", metrics["weighting"]["note"])] if "weighting" in metrics else []),
         ])]
         for name, cap in (("roc", "ROC curve"), ("precision_recall", "precision-recall curve"), ("calibration", "calibration")):

@@ -26,25 +26,30 @@ from terascale.pipeline.dataset import ShardPart, plan_shards, read_csr
 from terascale.pipeline.manifest import MANIFEST, read_manifest
 from terascale.pipeline.pointer import resolve_model
 from terascale.pipeline.redact import redact_text
-from terascale.pipeline.sampling import dataset_negative_rate, logit_shift, model_negative_rate
+from terascale.pipeline.sampling import (
+    dataset_negative_rate,
+    model_negative_rate,
+    model_recalibration,
+    score_transform,
+)
 from terascale.pipeline.verify import catching, raise_bad_files, read_row_groups
 from terascale.solvers.catalogue import loss_spec
 from terascale.solvers.regpath import effective_l2, effective_penalty
 
 log = logging.getLogger("terascale.scoring")
-_MODEL_CACHE: dict[tuple[str, str], tuple[np.ndarray, float, str, float]] = {}
+_MODEL_CACHE: dict[tuple[str, str], tuple[np.ndarray, float, str, dict]] = {}
 KEEPABLE = ("label", "weight", "indices", "values")
 
 
-def _model(model_dir: str) -> tuple[np.ndarray, float, str, float]:
-    """(weights, intercept, loss, negative rate) of the model now at ``model_dir``. A process keeps
+def _model(model_dir: str) -> tuple[np.ndarray, float, str, dict]:
+    """(weights, intercept, loss, metadata) of the model now at ``model_dir``. A process keeps
     the last one it loaded, keyed by the path and the model's metadata.json (read at every call,
     a few kB): a model replaced at the same path (``train --overwrite``) is loaded anew."""
     key = (model_dir, json.dumps(modeldir.load_metadata(model_dir), sort_keys=True, default=str))
     hit = _MODEL_CACHE.get(key)
     if hit is None:
         w, b, meta = modeldir.load_model(model_dir)
-        hit = (w, b, meta["config"]["train"]["loss"], model_negative_rate(meta))
+        hit = (w, b, meta["config"]["train"]["loss"], meta)
         _MODEL_CACHE.clear()
         _MODEL_CACHE[(model_dir, json.dumps(meta, sort_keys=True, default=str))] = hit
     return hit
@@ -55,11 +60,12 @@ def _margins_and_scores(csr, model_dir: str, calibration: str = "population") ->
     margins themselves (one pass over the rows for both)."""
     from terascale.solvers.predict import decision_function, sigmoid
 
-    w, b, loss, rate = _model(model_dir)
+    w, b, loss, meta = _model(model_dir)
     m = decision_function(csr, w, b)
     if loss_spec(loss).link != "sigmoid":
         return m, m
-    return m, sigmoid(m, logit_shift(rate, calibration))
+    slope, shift = score_transform(meta, calibration)
+    return m, sigmoid(m, shift, slope)
 
 
 def _scores(csr, model_dir: str, calibration: str = "population") -> np.ndarray:
@@ -102,16 +108,23 @@ def evaluate(spark, data_dir: str, model_dir: str) -> dict:
     n_features = 1 << int(m["spec"]["bits"])
     groups = [[p.to_json() for p in g] for g in _groups(spark, data_dir, m)]
 
+    recalibrated = model_recalibration(meta) != (1.0, 0.0)
+
     def task(_, items):
+        from terascale.solvers.predict import sigmoid
+
         for parts in items:
             csr = read_csr([ShardPart.from_json(p) for p in parts], n_features)
             acc = BinaryMetrics()
             terms = (0.0, 0.0)
+            raw = 0.0  # Σ w·σ(margin): the model's own mean prediction, beside the recalibrated one
             if csr.n_rows:
                 margins, probs = _margins_and_scores(csr, model)
                 acc.add(probs, csr.labels, csr.weights)
                 terms = loss_terms(margins, csr.labels, csr.weights, loss)
-            yield acc.to_state(), terms
+                if recalibrated:
+                    raw = float(np.dot(sigmoid(margins), csr.weights.astype(np.float64)))
+            yield acc.to_state(), terms, raw
 
     sc = spark.sparkContext
     sc.setJobDescription(redact_text(f"terascale evaluate: {data_dir}"))
@@ -120,11 +133,13 @@ def evaluate(spark, data_dir: str, model_dir: str) -> dict:
     finally:
         sc.setJobDescription(None)
     total = BinaryMetrics()
-    loss_sum = weight_sum = 0.0
-    for s, (ls, ws) in states:
+    loss_sum = weight_sum = raw_sum = 0.0
+    for s, (ls, ws), raw in states:
         total.merge(BinaryMetrics.from_state(s))
-        loss_sum, weight_sum = loss_sum + ls, weight_sum + ws
+        loss_sum, weight_sum, raw_sum = loss_sum + ls, weight_sum + ws, raw_sum + raw
     out = total.finalize()
+    if recalibrated:  # what σ(margin) alone would have given (train.recalibrate)
+        out["raw_calibration"] = raw_sum / total.pos_weight if total.pos_weight > 0 else float("nan")
     l2 = effective_l2(meta)  # a regularization path's choice, or the configured number
     l1 = effective_penalty(meta, "l1")  # the same; models from before train.l1: 0
     w = _model(model)[0]
@@ -143,13 +158,19 @@ def _weighting(manifest: dict, meta: dict) -> dict:
     d_rate = dataset_negative_rate(manifest)
     m_rate = model_negative_rate(meta)
     parts = []
+    slope, shift = model_recalibration(meta)
     if m_rate < 1.0:
         parts.append(f"the model was trained on negatives kept at rate {m_rate:g} and weighted 1/{m_rate:g}, "
-                     "so its probabilities are calibrated to the unsampled data with no correction")
+                     "which estimates the unsampled data's loss")
+    if (slope, shift) != (1.0, 0.0):
+        parts.append(f"its probabilities are recalibrated on its held-out rows: sigma({slope:.6g} * margin "
+                     f"{'+' if shift >= 0 else '-'} {abs(shift):.6g})")
+    elif m_rate < 1.0:
+        parts.append("its probabilities are sigma(margin), not recalibrated")
     if d_rate < 1.0:
         parts.append(f"this dataset keeps negatives at rate {d_rate:g}; metrics weight them 1/{d_rate:g}, "
                      "estimating the unsampled data's")
-    return {"model_negative_rate": m_rate, "dataset_negative_rate": d_rate,
+    return {"model_negative_rate": m_rate, "dataset_negative_rate": d_rate, "recalibration": [slope, shift],
             "note": "; ".join(parts) or "no downsampling: every row weighs 1"}
 
 
@@ -168,8 +189,9 @@ def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, 
     """Write Parquet with ``probability`` (logistic) or ``score`` plus the ``keep`` columns
     (the model: a directory, or a pointer to one) to ``output``: a new path, an empty directory
     or, with ``overwrite``, earlier predictions (replaced atomically). ``calibration``
-    (``predict.calibration``): population = σ(margin); sampled = σ(margin − ln r) for a model
-    trained on negatives kept at rate r (see ``pipeline.sampling``)."""
+    (``predict.calibration``, :data:`pipeline.sampling.CALIBRATIONS`): population = σ(a·m + c),
+    with the slope and shift the model fitted on its held-out rows (1 and 0 when it fitted none);
+    sampled = σ(a·m + c − ln r) for a model trained on negatives kept at rate r; raw = σ(m)."""
     t0 = time.perf_counter()
     model_dir = resolve_model(model_dir)
     check_output(data_dir, model_dir, output, overwrite)

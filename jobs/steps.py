@@ -94,6 +94,16 @@ def path_lines(meta: dict) -> list[str]:
     return out
 
 
+def recalibration_text(meta: dict) -> str | None:
+    """The held-out recalibration of a model (``train.recalibrate``), or None when it has none."""
+    r = meta.get("recalibration") or {}
+    if not r.get("applied"):
+        return None
+    return (f"sigma({r['slope']:.4g} * margin {'+' if r['shift'] >= 0 else '-'} {abs(r['shift']):.4g}), fitted on "
+            f"{r['holdout_rows']:,} held-out rows (held-out loss {r['holdout_loss_before']:.6f} -> "
+            f"{r['holdout_loss_after']:.6f})")
+
+
 def train_summary(meta: dict) -> str:
     h = meta["history"]
     ranks = meta["per_rank"]
@@ -107,6 +117,7 @@ def train_summary(meta: dict) -> str:
         + (f" (negatives kept at rate {r:g}, weighted 1/{r:g})" if (r := meta["data"].get("negative_rate", 1.0)) < 1 else ""),
         f"  passes             {len(h)} (stopped: {meta.get('stop_reason') or 'n/a'}); objective {meta['objective']:.6f} at the returned weights"
         + (f"; best held-out loss {best['holdout_loss']:.6f} (pass {best['pass']})" if best else ""),
+        *([f"  recalibrated       {c}"] if (c := recalibration_text(meta)) else []),
         f"  time in job        {meta['train_seconds']:.2f} s (attempts: {len(meta['attempts'])})",
     ] + ([f"  weights            {w['nonzeros']:,} non-zero of {w['length']:,} (stored {w['storage']})"]
          if (w := meta.get("weights")) else []))
@@ -120,7 +131,8 @@ def metrics_summary(r: dict) -> str:
         f"  auROC               {r['auroc']:.6f}",
         f"  auPRC               {r['auprc']:.6f}",
         *([f"  non-zero weights    {r['nonzeros']:,} of {r['features']:,}"] if "nonzeros" in r else []),
-        f"  calibration         {r['calibration']:.4f} (mean prediction {r['mean_prediction']:.4f} / positive rate {r['positive_rate']:.4f})",
+        f"  calibration         {r['calibration']:.4f} (mean prediction {r['mean_prediction']:.4f} / positive rate {r['positive_rate']:.4f})"
+        + (f"; recalibrated, sigma(margin) alone {r['raw_calibration']:.4f}" if "raw_calibration" in r else ""),
     ] + ([f"  weighting           {w['note']}"] if (w := r.get("weighting"))
          and min(w["model_negative_rate"], w["dataset_negative_rate"]) < 1 else []))
 

@@ -28,7 +28,7 @@ from terascale.pipeline.pointer import resolve_model, served_by
 from terascale.pipeline.sampling import dataset_negative_rate
 from terascale.pipeline.spark_errors import spark_error_summary
 from terascale.pipeline.spec import check_bits
-from terascale.solvers.catalogue import solver_spec
+from terascale.solvers.catalogue import loss_spec, solver_spec
 from terascale.solvers.params import SolverParams
 from terascale.solvers.regpath import path_passes
 
@@ -159,9 +159,34 @@ def negative_sampling(manifest: dict) -> dict:
     """The dataset's negative downsampling as the model metadata records it (``pipeline.sampling``)."""
     rate = dataset_negative_rate(manifest)
     note = ("negatives kept with probability r and weighted 1/r: the weighted objective estimates the unsampled "
-            "population's, so sigma(margin) is calibrated to it and needs no correction; "
-            "sigma(margin - ln r) is the click rate among the kept rows") if rate < 1.0 else "every row kept"
+            "population's; the model's probabilities are recalibrated on its held-out rows (train.recalibrate, "
+            "see recalibration), as sigma(margin) over-predicts on unsampled rows; sigma(a * margin + c - ln r) "
+            "is the click rate among the kept rows") if rate < 1.0 else "every row kept"
     return {"negative_rate": rate, "weighting": note}
+
+
+def recalibration_plan(t, manifest: dict) -> tuple[bool, str]:
+    """(fit σ(a·m + c) on the held-out rows?, why) for ``train.recalibrate`` on this dataset."""
+    if t.recalibrate == "off":
+        return False, "train.recalibrate = off"
+    if t.recalibrate == "on":
+        return True, "train.recalibrate = on"
+    rate = dataset_negative_rate(manifest)
+    if rate >= 1.0:
+        return False, "auto: the dataset keeps every row"
+    if loss_spec(t.loss).link != "sigmoid":
+        return False, f"auto: train.loss = {t.loss} predicts margins, not probabilities"
+    if t.holdout_period in (0, 1) or not solver_spec(t.solver).holdout:
+        return False, f"auto: the dataset keeps negatives at rate {rate:g}, but this run holds no rows out to fit on"
+    return True, (f"auto: the dataset keeps negatives at rate {rate:g}; the weighted model over-predicts on "
+                  "unsampled rows")
+
+
+def _recalibration_record(planned: bool, why: str, fitted: dict | None) -> dict:
+    """The model's ``recalibration`` entry: applied (with the fit, pipeline.sampling reads it) or not, and why."""
+    if planned and fitted is None:
+        return {"applied": False, "why": f"{why}; nothing to fit: the held-out rows hold one class only or none"}
+    return {"applied": planned, "why": why, **(fitted or {})}
 
 
 def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
@@ -189,6 +214,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     run_ckpt = RunCheckpoints(ckpt, run_id)  # this run's subdirectory (jobs.run_checkpoints)
     staging = modeldir.staging_dir(model_dir, run_id)
+    recal_on, recal_why = recalibration_plan(t, manifest)
     task = TaskSpec(
         shards=tuple(tuple(s) for s in shards), n_features=1 << int(spec["bits"]), params=params,
         # a solver without a held-out split (CoCoA stops on the duality gap) trains on all rows
@@ -198,6 +224,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
         groups_path=_groups_path(data_dir, manifest, params),
         cache=shard_cache.CacheSpec(cache["mode"], cache["budget_bytes"], t.threads, t.memory_budget_mb, t.cache_dir,
                                     cache["spark_local_dir"], run_id),
+        recalibrate=recal_on,
     )
     log.info("train: %s solver, %d workers + %d spares, %d rows in %d files, 2^%d features",
              params.solver, t.workers, t.spares, manifest["rows"], len(manifest["files"]), spec["bits"])
@@ -228,6 +255,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
         "stop_reason": rank0["stop_reason"],
         "history": rank0["history"],
         **({"regularization": rank0["regularization"]} if rank0.get("regularization") else {}),
+        "recalibration": _recalibration_record(recal_on, recal_why, rank0.get("recalibration")),
         "per_rank": per_rank,
         "data": {"dataset": fsutil.normalize(data_dir), "rows": manifest["rows"], **rank0["totals"],
                  **negative_sampling(manifest)},

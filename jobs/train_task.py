@@ -30,6 +30,7 @@ from terascale.pipeline.shard_cache import CacheSpec, ShardCache
 from terascale.solvers.api import train
 from terascale.solvers.catalogue import solver_spec
 from terascale.solvers.params import SolverParams
+from terascale.solvers.recalibration import recalibrate
 from terascale.solvers.state import check_resume
 from terascale.solvers.warmup import start_warm_up
 
@@ -105,6 +106,7 @@ class TaskSpec:
     init_weights: str = ""  # a model directory to warm-start from ("" = none)
     groups_path: str = ""  # the dataset's group map, for L-BFGS's coarse correction ("" = none)
     cache: CacheSpec = CacheSpec()  # where the shard lives: memory, or the local shard cache (disk)
+    recalibrate: bool = False  # fit σ(a·m + c) on the held-out rows after training (solvers.recalibration)
 
 
 def _progress_hook(ctx, spec: TaskSpec):
@@ -231,6 +233,7 @@ def _train(ctx, spec: TaskSpec, cache: ShardCache | None) -> dict:
             result = fit(resume)
         counts = comm.allreduce_scalars([train_data.n_rows, train_data.nnz,
                                          0 if holdout is None else holdout.n_rows, float(csr_bytes)])
+        recal = recalibrate(comm, holdout, result.weights, result.intercept) if spec.recalibrate else None
     out = {
         "shard": ctx.shard, "rank": comm.rank, "attempt_id": ctx.attempt_id, "spare": ctx.is_spare,
         "rows": train_data.n_rows, "nnz": train_data.nnz, "holdout_rows": 0 if holdout is None else holdout.n_rows,
@@ -246,6 +249,7 @@ def _train(ctx, spec: TaskSpec, cache: ShardCache | None) -> dict:
             "weights": weights,
             "history": result.history, "intercept": float(result.intercept), "objective": float(result.objective),
             "stop_reason": result.stop_reason, "regularization": result.path,
+            "recalibration": None if recal is None else recal.to_json(),
             "totals": {"train_rows": int(counts[0]), "train_nnz": int(counts[1]), "holdout_rows": int(counts[2]),
                        "csr_bytes": int(counts[3])},
         })

@@ -92,16 +92,38 @@ def sampled_logit_shift(rate: float) -> float:
     return -math.log(rate) if rate < 1.0 else 0.0
 
 
-#: ``predict.calibration``: population = σ(margin); sampled = σ(margin − ln r)
-CALIBRATIONS = ("population", "sampled")
+#: ``predict.calibration``, for a model with slope a and shift c fitted on its held-out rows
+#: (``solvers.recalibration``; a = 1, c = 0 for a model without) trained on negatives kept at rate
+#: r: population = σ(a·m + c); sampled = σ(a·m + c − ln r), the click rate among the kept rows;
+#: raw = σ(m), the model's own margins, for teams that calibrate them themselves
+CALIBRATIONS = ("population", "sampled", "raw")
 
 
 def logit_shift(rate: float, calibration: str) -> float:
     """What scoring adds to the margin of a model trained on negatives kept at ``rate``:
-    0 (population) or −ln r (sampled)."""
+    0 (population, raw) or −ln r (sampled)."""
     if calibration not in CALIBRATIONS:
         raise ValueError(f"calibration {calibration!r}: must be one of {list(CALIBRATIONS)} (predict.calibration)")
     return sampled_logit_shift(rate) if calibration == "sampled" else 0.0
+
+
+def model_recalibration(meta: dict) -> tuple[float, float]:
+    """(slope a, shift c) the model's probabilities σ(a·m + c) use: the held-out fit recorded in
+    its metadata (``recalibration``, when applied), else (1, 0)."""
+    r = meta.get("recalibration") or {}
+    if not r.get("applied"):
+        return 1.0, 0.0
+    return float(r["slope"]), float(r["shift"])
+
+
+def score_transform(meta: dict, calibration: str) -> tuple[float, float]:
+    """(slope, shift) such that a model's score for margin m under ``predict.calibration`` is
+    σ(slope·m + shift) (see :data:`CALIBRATIONS`)."""
+    shift = logit_shift(model_negative_rate(meta), calibration)
+    if calibration == "raw":
+        return 1.0, 0.0
+    a, c = model_recalibration(meta)
+    return a, c + shift
 
 
 def model_negative_rate(meta: dict) -> float:

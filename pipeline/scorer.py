@@ -19,10 +19,11 @@ A malformed line (a line featurize would quarantine: bad label, wrong field coun
 empty, too long) is an error naming its 1-based line number and reason
 (:class:`MalformedLine`); with ``skip_bad`` its probability is NaN instead.
 
-Probabilities (``calibration``, the ``predict.calibration`` key): for a model trained on
-negatives kept at rate r and weighted 1/r (``featurize.negative_rate``, ``pipeline.sampling``),
-``population`` is σ(margin), already calibrated to the unsampled data; ``sampled`` is
-σ(margin − ln r), the click rate among the kept rows. Both are the same for r = 1.
+Probabilities (``calibration``, the ``predict.calibration`` key; ``pipeline.sampling``), the
+predict job's: ``population`` is σ(a·margin + c) with the slope and shift the model fitted on its
+held-out rows (``train.recalibrate``; σ(margin) for a model without), ``sampled`` is
+σ(a·margin + c − ln r) for a model trained on negatives kept at rate r and weighted 1/r (the
+click rate among the kept rows), ``raw`` is σ(margin).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from terascale.pipeline import modeldir
 from terascale.pipeline.blocks import BlockParser
 from terascale.pipeline.pointer import resolve_model
 from terascale.pipeline.rowkernels import REASONS
-from terascale.pipeline.sampling import logit_shift, model_negative_rate
+from terascale.pipeline.sampling import model_negative_rate, score_transform
 from terascale.pipeline.score_kernel import score_criteo_block
 from terascale.pipeline.spec import FeatureSpec
 from terascale.solvers.catalogue import loss_spec
@@ -67,7 +68,7 @@ class Scorer:
         self.loss = meta["config"]["train"]["loss"]
         self.negative_rate = model_negative_rate(meta)
         self.calibration = calibration
-        self.logit_shift = logit_shift(self.negative_rate, calibration)
+        self.slope, self.logit_shift = score_transform(meta, calibration)  # σ(slope·m + logit_shift)
         max_line = int(meta["config"].get("featurize", {}).get("max_line_bytes", 65536))
         self._parser = BlockParser(self.spec, max_line)
         self._n_features = 1 << self.spec.bits
@@ -118,7 +119,7 @@ class Scorer:
         elif any_bad:
             m = m[~bad]
         if self._sigmoid:
-            scores = sigmoid(m, self.logit_shift)
+            scores = sigmoid(m, self.logit_shift, self.slope)
         else:
             scores = m.copy() if self._fused and not any_bad else m  # (not the kernel's buffer)
         if not any_bad:

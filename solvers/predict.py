@@ -30,8 +30,11 @@ def predict_proba(data: CSRData, weights: np.ndarray, intercept: float, logit_sh
     return sigmoid(decision_function(data, weights, intercept), logit_shift)
 
 
-def sigmoid(m: np.ndarray, logit_shift: float = 0.0) -> np.ndarray:
-    """σ(m + logit_shift) of float64 margins, without overflow (the one scoring formula)."""
+def sigmoid(m: np.ndarray, logit_shift: float = 0.0, slope: float = 1.0) -> np.ndarray:
+    """σ(slope·m + logit_shift) of float64 margins, without overflow (the one scoring formula;
+    slope 1 and shift 0 leave m as it is, so such scores are σ(m) bit for bit)."""
+    if slope != 1.0:
+        m = m * slope
     if logit_shift != 0.0:
         m = m + logit_shift
     e = np.exp(-np.abs(m))

@@ -23,13 +23,14 @@ from terascale.pipeline.spec import FeatureSpec
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 0.5
 SPEC = FeatureSpec(fields=CRITEO_FIELDS, bits=16, seed=7, conjunctions=(("C6", "C9"),))
-TRAIN = ["train.workers=1", "train.passes=3", "train.holdout_period=0", "train.early_stop_passes=0", "train.l2=1e-6",
+TRAIN = ["train.workers=1", "train.passes=3", "train.holdout_period=5", "train.early_stop_passes=0", "train.l2=1e-6",
          "spark.master=local[2]"]
 
 
 @pytest.fixture(scope="module")
 def trained(spark, tmp_path_factory):
-    """A model trained on negatives kept at rate 0.5, and the same lines featurized whole (r = 1)."""
+    """A model trained on negatives kept at rate 0.5 (recalibrated on its held-out rows: train.recalibrate's
+    auto), and the same lines featurized whole (r = 1)."""
     d = tmp_path_factory.mktemp("scorer")
     generate_clicklogs(d / "raw", 3000, files=1, seed=21, malformed_rate=0.01, processes=1)
     fc = lambda *s: load_config([], ["featurize.partitions=1", *s]).featurize  # noqa: E731
@@ -49,10 +50,12 @@ def _predicted(spark, d: Path, calibration: str) -> np.ndarray:
 @pytest.mark.spark
 def test_scorer_equals_predict_bit_for_bit(spark, trained):
     d, m_all, meta = trained
-    assert meta["data"]["negative_rate"] == RATE and "no correction" in meta["data"]["weighting"]
+    assert meta["data"]["negative_rate"] == RATE and "recalibrated on its held-out rows" in meta["data"]["weighting"]
+    rc = meta["recalibration"]
+    assert rc["applied"] and rc["slope"] != 1.0 and rc["shift"] != 0.0 and rc["holdout_rows"] > 0
     lines = (d / "raw" / "part-00000.tsv").read_bytes().split(b"\n")[:-1]
     assert len(lines) == m_all["lines"] == 3000 and m_all["quarantine"]["rows"] > 0
-    for calibration in ("population", "sampled"):
+    for calibration in ("population", "sampled", "raw"):
         want = _predicted(spark, d, calibration)  # one file, one task: rows in line order, bad lines left out
         scorer = Scorer.from_model_dir(str(d / "model"), calibration)
         got = scorer.predict_lines(lines, skip_bad=True)
@@ -62,6 +65,7 @@ def test_scorer_equals_predict_bit_for_bit(spark, trained):
         np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
     # serving lines without the label field score the same
     unlabeled = Scorer.from_model_dir(str(d / "model"), "sampled", labeled=False)
+    scorer = Scorer.from_model_dir(str(d / "model"), "sampled")
     bare = [x.split(b"\t", 1)[1] if x.count(b"\t") == 39 else x for x in lines]
     u, lab = unlabeled.predict_lines(bare, skip_bad=True), scorer.predict_lines(lines, skip_bad=True)
     ok = ~np.isnan(lab)  # (a line malformed only in its label is good without it)
@@ -72,10 +76,15 @@ def test_scorer_equals_predict_bit_for_bit(spark, trained):
     # sampled = sigma(logit(population) - ln r): the kept rows' click rate
     np.testing.assert_allclose(np.log(smp[ok] / (1 - smp[ok])), np.log(pop[ok] / (1 - pop[ok])) - math.log(RATE),
                                rtol=0, atol=1e-9)
+    # population = sigma(a * logit(raw) + c): the held-out fit on the model's own margins
+    raw = Scorer.from_model_dir(str(d / "model"), "raw").predict_lines(lines[:50], skip_bad=True)
+    np.testing.assert_allclose(np.log(pop[ok] / (1 - pop[ok])), rc["slope"] * np.log(raw[ok] / (1 - raw[ok])) + rc["shift"],
+                               rtol=0, atol=1e-9)
 
     r = evaluate(spark, str(d / "all"), str(d / "model"))
     assert r["weighting"]["model_negative_rate"] == RATE and r["weighting"]["dataset_negative_rate"] == 1.0
-    assert "calibrated to the unsampled data" in r["weighting"]["note"]
+    assert "recalibrated on its held-out rows" in r["weighting"]["note"]
+    assert r["weighting"]["recalibration"] == [rc["slope"], rc["shift"]]
 
 
 @pytest.mark.spark
@@ -90,8 +99,8 @@ def test_malformed_lines_are_named(trained):
         scorer.predict_lines([good[0], "", good[1]])
     p = scorer.predict_lines([good[0], "x\tjunk", good[1]], skip_bad=True)
     assert np.isnan(p[1]) and not np.isnan(p[[0, 2]]).any()
-    with pytest.raises(ValueError, match="calibration 'raw'"):
-        Scorer.from_model_dir(str(d / "model"), "raw")
+    with pytest.raises(ValueError, match="calibration 'bogus'"):
+        Scorer.from_model_dir(str(d / "model"), "bogus")
 
 
 @pytest.mark.spark
