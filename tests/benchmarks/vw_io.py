@@ -48,7 +48,8 @@ def _format(indptr, indices, values, labels, out):
 def write_vw(csr, path: str) -> None:
     cap = int(csr.n_rows * 6 + csr.nnz * 11)
     out = np.empty(cap, np.uint8)
-    n = _format(csr.indptr, csr.indices, csr.values, csr.labels, out)
+    # the values in full, one per non-zero (a shard read from Parquet keeps only those != 1)
+    n = _format(csr.indptr, csr.indices, csr.full_values(), csr.labels, out)
     with open(path, "wb") as f:
         f.write(out[:n].tobytes())
 
