@@ -14,6 +14,16 @@ this node's chunk, then each child's chunk added in the children's order (``2r+1
 ``2r+2``, see :mod:`allreduce.topology`), a child's chunk added only after its frame's tag is
 verified; the root's bytes then go down unchanged, so every rank ends with the same bits.
 
+Window (``window`` = W > 0, pipelined, not at the root): chunk ``i`` goes up only once chunk
+``i − W`` of the result has come down from the parent. A result chunk exists only when every
+rank's chunk has reached the root, so no up-flow runs more than about W chunks ahead of the
+slowest one. Without it a flow whose chunks are ready early (a leaf's own array) runs ahead
+into the peer's socket buffer (Linux autotunes it up to ``tcp_rmem``'s maximum, 32 MiB here)
+and takes the capacity of a link it shares with a flow the collective waits for. Chunk ``i −
+W`` depends only on chunks up to ``i − W`` of every rank, which precede chunk ``i`` in every
+flow, so the window cannot deadlock; W must cover the chunks in flight on the round trip up
+and down the tree (about 2·depth + 1) or it idles the links.
+
 Threading: not pipelined, the calling thread runs every chunk up, then every chunk down.
 Pipelined (several chunks), the calling thread runs the upward flow while a
 ``_DownwardFlow`` thread runs the downward one (at the root, chunk ``i`` goes down only once
@@ -148,8 +158,11 @@ class _CollectiveRun:
         up_writer: _Writer | None,
         down_writers: list[_Writer],
         failure: _Failure,
+        window: int = 0,
     ) -> None:
         self.plan = plan
+        self._window = window if parent is not None else 0  # the root waits for no one
+        self._received = _Progress()  # chunks of the result received from the parent
         self._flat, self._out = flat, out
         self._parent, self._children, self._sources = parent, children, sources
         self._scratch, self._targets = scratch, targets
@@ -184,6 +197,8 @@ class _CollectiveRun:
         down.start()
         try:
             for i in range(self.plan.nchunks):
+                if self._window and i >= self._window and not self._received.wait_for(i - self._window + 1, self._failure):
+                    break  # the collective failed: the error is already recorded
                 self.up_chunk(i)
                 down.chunk_ready()
             if self._up_writer is not None:
@@ -246,6 +261,7 @@ class _CollectiveRun:
         view = _bytes(self._out[lo:hi])
         if not p.root:
             self._parent.recv_data_into(p.down_type, view)  # type: ignore[union-attr]
+            self._received.advance()
             if i == 0:
                 self.first_ready = time.perf_counter()
         if self._down_writers:
@@ -254,6 +270,31 @@ class _CollectiveRun:
         else:
             for chan in self._children:
                 chan.send(p.down_type, view)
+
+
+class _Progress:
+    """A count that one thread advances and another waits on (chunks of the result received)."""
+
+    POLL_S = 0.05
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._cond = threading.Condition()
+
+    def advance(self) -> None:
+        with self._cond:
+            self._count += 1
+            self._cond.notify_all()
+
+    def wait_for(self, count: int, failure: _Failure) -> bool:
+        """Wait until the count reaches ``count``; False as soon as the collective failed (the
+        thread advancing it gives up within its own timeouts, and a failure is recorded then)."""
+        with self._cond:
+            while self._count < count:
+                if failure.failed:
+                    return False
+                self._cond.wait(self.POLL_S)
+        return not failure.failed
 
 
 class _DownwardFlow:

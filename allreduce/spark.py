@@ -83,6 +83,7 @@ class NetConf:
     host: str = ""  # allreduce.host: the tree server's bind address; a wildcard: the ranks' too
     advertise_host: str = ""  # allreduce.advertise_host: the address the tasks dial for the server
     port_range: tuple[int, int] | None = None  # allreduce.port_range, parsed; None: ephemeral
+    window_chunks: int | None = None  # allreduce.window_chunks; None: auto (allreduce.node.auto_window)
 
     @classmethod
     def from_conf(cls, c) -> NetConf:
@@ -91,7 +92,8 @@ class NetConf:
                    max_wait_s=c.max_wait_s, max_unauthenticated=c.max_unauthenticated,
                    max_unauthenticated_per_source=c.max_unauthenticated_per_source,
                    cipher=c.cipher, host=c.host, advertise_host=c.advertise_host,
-                   port_range=endpoints.parse_port_range(c.port_range))
+                   port_range=endpoints.parse_port_range(c.port_range),
+                   window_chunks=None if c.window_chunks == "auto" else int(c.window_chunks))
 
 
 @dataclass
@@ -148,6 +150,7 @@ class BarrierTask:
             heartbeat_timeout_s=n.heartbeat_timeout_s, max_wait_s=n.max_wait_s,
             max_unauthenticated=n.max_unauthenticated,
             max_unauthenticated_per_source=n.max_unauthenticated_per_source, cipher=n.cipher,
+            window_chunks=n.window_chunks,
         )
 
     def close(self) -> None:

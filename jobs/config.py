@@ -28,6 +28,7 @@ from terascale.pipeline.spec import MAX_BITS
 from terascale.solvers.catalogue import PARAMS as SOLVER_PARAMS
 from terascale.solvers.catalogue import loss_spec, solver_spec
 from terascale.solvers.constraints import (  # noqa: F401 - ConfigError and the constraint types are this module's API too
+    AutoOr,
     ConfigError,
     Interval,
     OneOf,
@@ -263,6 +264,10 @@ class AllreduceConf:
                             "these: LO-HI (e.g. 40000-40100), one port per rank running on a host at once plus one "
                             "on the driver; '' = ephemeral ports", PortRange())
     chunk_bytes: int = param(1 << 20, "pipelining chunk of an AllReduce", Interval(8, 1 << 30, integer=True))
+    window_chunks: int = param("auto", "a rank sends chunk i of an AllReduce up only after chunk i - W of the result "
+                               "came down, so no flow runs ahead into the socket buffers and takes a shared link from "
+                               "the flow the collective waits for (allreduce.collective_run); auto = the tree's depth "
+                               "+ 2, the best measured on 1 Gbit/s links; 0 = off", AutoOr(Interval(0, 1 << 20, integer=True)))
     connect_timeout_s: float = param(30.0, "timeout of every connect", Interval(0, 3600, lo_open=True))
     handshake_timeout_s: float = param(10.0, "a connection must authenticate within this time", Interval(0, 3600, lo_open=True))
     io_timeout_s: float = param(120.0, "timeout of every exchange with the tree server and of a handshake's send or receive "

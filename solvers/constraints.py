@@ -62,7 +62,9 @@ class Interval:
 class AutoOr:
     """The word ``auto`` (the value is chosen when the job runs, e.g. ``train.l2 = auto``: a
     regularization path, :mod:`terascale.solvers.regpath`) or a value ``inner`` accepts.
-    :meth:`parse` turns a raw ``--set`` string or a YAML value into ``"auto"`` or a float."""
+    :meth:`parse` turns a raw ``--set`` string or a YAML value into ``"auto"`` or a number: an
+    int when ``inner`` wants integers (a string that is not a whole number stays as it is, and the
+    check names it), else a float."""
 
     inner: Interval
     word: str = "auto"
@@ -81,10 +83,10 @@ class AutoOr:
             if text.lower() == self.word:
                 return self.word
             try:
-                return float(text)
+                return int(text) if self.inner.integer else float(text)
             except ValueError:
                 return value
-        if isinstance(value, int) and not isinstance(value, bool):
+        if isinstance(value, int) and not isinstance(value, bool) and not self.inner.integer:
             return float(value)
         return value
 

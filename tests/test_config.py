@@ -135,6 +135,20 @@ def test_l2_takes_auto_or_a_number_from_files_and_sets(tmp_path):
         load_config([], ["train.solver=cocoa"])
 
 
+def test_the_allreduce_window_takes_auto_or_a_whole_number(tmp_path):
+    from terascale.allreduce.spark import NetConf
+
+    assert Config().allreduce.window_chunks == "auto"
+    conf = tmp_path / "c.yaml"
+    for text, want, net in (("auto", "auto", None), ("4", 4, 4), ("0", 0, 0)):
+        conf.write_text(f"allreduce: {{window_chunks: {text}}}\n")
+        for cfg in (load_config([conf]), load_config([], [f"allreduce.window_chunks={text}"])):
+            assert cfg.allreduce.window_chunks == want and NetConf.from_conf(cfg.allreduce).window_chunks == net
+    for bad in ("-1", "2.5", "many"):
+        with pytest.raises(ConfigError, match=r"allreduce.window_chunks = .*: must be 'auto' or an integer in \[0, 1048576\]"):
+            load_config([], [f"allreduce.window_chunks={bad}"])
+
+
 def test_l1_takes_auto_with_l2_a_number(tmp_path):
     assert Config().train.l1 == 0.0
     conf = tmp_path / "c.yaml"

@@ -21,10 +21,12 @@ the tree server binds the driver namespace's address (``scaling_driver``). No Sp
    and reads every host's interface counters (bytes that crossed its link).
 3. Effective AllReduce bandwidth at K = 4: the busiest link's payload, f(4)·n = 2n bytes, over the
    lone AllReduce's seconds (``costmodel.effective_bandwidth_bits``), against 1 Gbit/s: in the
-   sweep, and in runs of the AllReduce alone (no data loaded, 2 × 5 calls) with the socket
-   buffers autotuned (the train job's setting) and fixed at one chunk, interleaved.
-4. Diagnosis: K = 2, 3, 4 AllReduce alone at 200 Mbit/s (where the CPU is no limit), the links'
-   socket buffers left to Linux's autotuning (the train job's setting) and fixed at one chunk.
+   sweep, and in runs of the AllReduce alone (no data loaded, 2 × 5 calls), interleaved: the
+   train job's settings (the window ``allreduce.window_chunks`` auto, socket buffers autotuned),
+   the window off, and the window off with the buffers fixed at one chunk.
+4. Diagnosis: K = 2, 3, 4 AllReduce alone at 200 Mbit/s (where the CPU is no limit), the window
+   auto, the links' socket buffers left to Linux's autotuning (the train job's setting) and fixed
+   at one chunk.
 5. The 1000-node extrapolation with the paper's setup (``paper_extrapolation``).
 
 ``python -m tests.benchmarks.bench_scaling [--quick]``; ``--plot-from A.json[,B.json...]`` pools
@@ -180,9 +182,9 @@ def paper_extrapolation(c1: float, kappa: float, hop_latency_s: float, p_busy: t
 # Main
 
 
-def _link_only_args(rounds: int, sockbuf: int = 0) -> list[str]:
+def _link_only_args(rounds: int, sockbuf: int = 0, window: str = "auto") -> list[str]:
     return ["--link-only", str(VECTOR_ELEMENTS), "--rounds", str(rounds), "--chunk-bytes", str(CHUNK),
-            "--socket-buffer-bytes", str(sockbuf)]
+            "--socket-buffer-bytes", str(sockbuf), "--window-chunks", window]
 
 
 def _dataset() -> Path:
@@ -254,14 +256,15 @@ def main(argv: list[str] | None = None) -> dict:
                       f"(predicted {pred['allreduce_s']:.3f}); busiest link {s['busiest_link_vectors']:.2f} vectors",
                       flush=True)
         fig["runs"] = runs
-        print("K = 4 AllReduce alone, socket buffers auto and fixed at one chunk ...", flush=True)
+        print("K = 4 AllReduce alone: the window auto and off, socket buffers auto and fixed at one chunk ...",
+              flush=True)
         k4 = []
         for _ in range(2):
-            for sockbuf in (0, CHUNK):
-                r = summarize_link_run(run_k(net, 4, _link_only_args(5, sockbuf)), LINK_BITS)
-                r["socket_buffer_bytes"] = sockbuf
+            for window, sockbuf in (("auto", 0), ("0", 0), ("0", CHUNK)):
+                r = summarize_link_run(run_k(net, 4, _link_only_args(5, sockbuf, window)), LINK_BITS)
+                r["socket_buffer_bytes"], r["window_chunks"] = sockbuf, window
                 k4.append(r)
-                print(f"1 Gbit/s K=4 socket buffers {sockbuf or 'auto'}: {r['seconds']:.3f} s, "
+                print(f"1 Gbit/s K=4 window {window} socket buffers {sockbuf or 'auto'}: {r['seconds']:.3f} s, "
                       f"{r['fraction_of_link']:.0%} of the link", flush=True)
         fig["k4_link_only"] = k4
         print("diagnosis at 200 Mbit/s ...", flush=True)
@@ -378,9 +381,11 @@ def doc_tables(fig: dict) -> str:
           f"of {fig['passes_per_run']} calls): "
           f"{ek['bits_per_s'] / 1e9:.3f} Gbit/s = {ek['fraction_of_link']:.0%} of the link "
           f"(ceiling {ek['ceiling_fraction']:.1%}).", "",
-          "| run | socket buffers | seconds | effective bandwidth | share of 1 Gbit/s |", "|---|---|---|---|---|"]
+          "| run | window | socket buffers | seconds | effective bandwidth | share of 1 Gbit/s |", "|---|---|---|---|---|---|"]
     for i, r in enumerate(fig.get("k4_link_only", [])):
-        k4.append(f"| {i + 1} | {'autotuned' if not r['socket_buffer_bytes'] else '1 MiB fixed'} | {r['seconds']:.3f} | "
+        window = r.get("window_chunks", "0")  # runs from before the window: none
+        k4.append(f"| {i + 1} | {'auto (4)' if window == 'auto' else 'off'} | "
+                  f"{'autotuned' if not r['socket_buffer_bytes'] else '1 MiB fixed'} | {r['seconds']:.3f} | "
                   f"{r['effective_bandwidth_bits'] / 1e9:.3f} Gbit/s | {r['fraction_of_link']:.0%} |")
     k4 += ["", "| 200 Mbit/s links | K = 2 | K = 3 | K = 4 |", "|---|---|---|---|"]
     diag = fig.get("diagnosis_200mbit", [])

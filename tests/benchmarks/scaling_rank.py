@@ -1,7 +1,7 @@
 """One rank of the scaling benchmark (``bench_scaling``), a process of its own on its host.
 
     python -m tests.benchmarks.scaling_rank --server HOST:PORT --bind ADDR --dataset DIR --k K
-        --shard S [--rounds R] [--chunk-bytes C] [--socket-buffer-bytes B] [--link-only N]
+        --shard S [--rounds R] [--chunk-bytes C] [--socket-buffer-bytes B] [--link-only N] [--window-chunks W]
         (the attempt key, hex, on stdin)
 
 It reads shard S of the dataset's K-shard plan (``pipeline.dataset.plan_shards``, the train
@@ -24,7 +24,8 @@ plus the SHA-256 of the last AllReduce's result (every rank must agree).
 ``--link-only N`` (calibration): no data; the rank AllReduces N random float64 ``--rounds`` times
 (each after a barrier), then times 50 AllReduces of 4 scalars (``scalar_s``, the mean).
 ``--socket-buffer-bytes`` fixes the links' SO_SNDBUF/SO_RCVBUF (``TreeNode.join``); the default
-leaves Linux's autotuning on, as the train job does.
+leaves Linux's autotuning on, as the train job does. ``--window-chunks`` sets the AllReduce's
+window (``allreduce.window_chunks``; default auto, as the train job).
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk-bytes", type=int, default=1 << 20)
     p.add_argument("--socket-buffer-bytes", type=int, default=0)
     p.add_argument("--link-only", type=int, default=0)
+    p.add_argument("--window-chunks", default="auto", help="the AllReduce's window: auto (the train job's default) or N")
     a = p.parse_args(argv)
     key = bytes.fromhex(sys.stdin.readline().strip())
     host, port = a.server.rsplit(":", 1)
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 
     join = {"shard": a.shard, "attempt_id": f"scaling-{a.k}-{a.shard}", "host": a.bind, "chunk_bytes": a.chunk_bytes,
             "io_timeout_s": 300.0, "startup_timeout_s": 600.0, "connect_timeout_s": 60.0,
-            "socket_buffer_bytes": a.socket_buffer_bytes or None}
+            "socket_buffer_bytes": a.socket_buffer_bytes or None, "window_chunks": None if a.window_chunks == "auto" else int(a.window_chunks)}
     if a.link_only:
         print(json.dumps(link_only(TreeNode.join((host, int(port)), key, **join), a.link_only, a.rounds, a.shard)),
               flush=True)
