@@ -373,7 +373,7 @@ def doc_tables(fig: dict) -> str:
            f"| ℓ, per-hop latency | {lb['hop_latency_s'] * 1e3:.2f} ms (loopback {lo['hop_latency_s'] * 1e3:.2f} ms) "
            "| 4-scalar AllReduce at K = 2, / 2 |",
            "| B, payload rate | 1 Gbit/s × 0.956 = 119.5 MB/s | tbf rate, MTU 1500 |",
-           "| C, cores for compute | per run, 0.2–1.0 (table below) | probes before and after each run |",
+           f"| C, cores for compute | per run, {_cores_range(fig)} (table below: medians) | probes before and after each run |",
            "| C_io | 2 | the machine's cores |"]
     sweep = markdown_table(fig)
     ek = fig["k4_effective_bandwidth"]
@@ -394,6 +394,12 @@ def doc_tables(fig: dict) -> str:
                  for kk in (2, 3, 4)]
         k4.append(f"| socket buffers {name} (one figure per sweep) | " + " | ".join(cells) + " |")
     return "\n\n".join(["\n".join(cal), sweep, "\n".join(k4), paper_table(fig["paper"])])
+
+
+def _cores_range(fig: dict) -> str:
+    """The range of the probes' cores over every run (both probes of each)."""
+    c = [p["cores"] for r in fig.get("runs", []) for p in (r["probe_before"], r["probe_after"])]
+    return f"{min(c):.2f}–{max(c):.2f}" if c else "n/a"
 
 
 def paper_table(p: dict) -> str:
