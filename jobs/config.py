@@ -267,7 +267,7 @@ class AllreduceConf:
     window_chunks: int = param("auto", "a rank sends chunk i of an AllReduce up only after chunk i - W of the result "
                                "came down, so no flow runs ahead into the socket buffers and takes a shared link from "
                                "the flow the collective waits for (allreduce.collective_run); auto = the tree's depth "
-                               "+ 2, the best measured on 1 Gbit/s links; 0 = off", AutoOr(Interval(0, 1 << 20, integer=True)))
+                               "+ 2 from 3 ranks on (the best measured on 1 Gbit/s links), off for 1 or 2; 0 = off", AutoOr(Interval(0, 1 << 20, integer=True)))
     connect_timeout_s: float = param(30.0, "timeout of every connect", Interval(0, 3600, lo_open=True))
     handshake_timeout_s: float = param(10.0, "a connection must authenticate within this time", Interval(0, 3600, lo_open=True))
     io_timeout_s: float = param(120.0, "timeout of every exchange with the tree server and of a handshake's send or receive "

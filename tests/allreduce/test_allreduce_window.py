@@ -107,9 +107,9 @@ def test_a_negative_window_is_refused():
         TreeNode(None, None, [], window_chunks=-1)  # type: ignore[arg-type]
 
 
-def test_the_default_window_is_the_trees_depth_plus_two():
-    assert [auto_window(k) for k in (1, 2, 3, 4, 7, 8, 1000)] == [2, 3, 3, 4, 4, 5, 11]
-    for k in (1, 3, 4):
+def test_the_default_window_is_the_trees_depth_plus_two_from_three_ranks():
+    assert [auto_window(k) for k in (1, 2, 3, 4, 7, 8, 1000)] == [0, 0, 3, 4, 4, 5, 11]
+    for k in (1, 2, 3, 4):
         run = run_tree(k, lambda node: node.window_chunks)
         assert run.results == [auto_window(k)] * k
     assert run_tree(2, lambda node: node.window_chunks, node_kwargs={"window_chunks": 0}).results == [0, 0]
