@@ -162,7 +162,7 @@ class _CollectiveRun:
     ) -> None:
         self.plan = plan
         self._window = window if parent is not None else 0  # the root waits for no one
-        self._received = _Progress()  # chunks of the result received from the parent
+        self._received = threading.Semaphore(0)  # one release per result chunk received from the parent
         self._flat, self._out = flat, out
         self._parent, self._children, self._sources = parent, children, sources
         self._scratch, self._targets = scratch, targets
@@ -197,7 +197,8 @@ class _CollectiveRun:
         down.start()
         try:
             for i in range(self.plan.nchunks):
-                if self._window and i >= self._window and not self._received.wait_for(i - self._window + 1, self._failure):
+                # chunk i - W came down: one release per chunk received, one taken per chunk sent from W on
+                if self._window and i >= self._window and not _acquire(self._received, self._failure, _POLL_S):
                     break  # the collective failed: the error is already recorded
                 self.up_chunk(i)
                 down.chunk_ready()
@@ -261,7 +262,7 @@ class _CollectiveRun:
         view = _bytes(self._out[lo:hi])
         if not p.root:
             self._parent.recv_data_into(p.down_type, view)  # type: ignore[union-attr]
-            self._received.advance()
+            self._received.release()
             if i == 0:
                 self.first_ready = time.perf_counter()
         if self._down_writers:
@@ -272,29 +273,16 @@ class _CollectiveRun:
                 chan.send(p.down_type, view)
 
 
-class _Progress:
-    """A count that one thread advances and another waits on (chunks of the result received)."""
+_POLL_S = 0.05  # how often a thread waiting on another of its collective checks for a failure
 
-    POLL_S = 0.05
 
-    def __init__(self) -> None:
-        self._count = 0
-        self._cond = threading.Condition()
-
-    def advance(self) -> None:
-        with self._cond:
-            self._count += 1
-            self._cond.notify_all()
-
-    def wait_for(self, count: int, failure: _Failure) -> bool:
-        """Wait until the count reaches ``count``; False as soon as the collective failed (the
-        thread advancing it gives up within its own timeouts, and a failure is recorded then)."""
-        with self._cond:
-            while self._count < count:
-                if failure.failed:
-                    return False
-                self._cond.wait(self.POLL_S)
-        return not failure.failed
+def _acquire(sem: threading.Semaphore, failure: _Failure, poll_s: float) -> bool:
+    """Take one release of ``sem``; False as soon as the collective failed (the thread releasing
+    it gives up within its own timeouts, and a failure is recorded then)."""
+    while not sem.acquire(timeout=poll_s):
+        if failure.failed:
+            return False
+    return not failure.failed
 
 
 class _DownwardFlow:
@@ -347,9 +335,8 @@ class _DownwardFlow:
 
     def _may_send(self) -> bool:
         """Wait until the next chunk may go down; False if the collective failed meanwhile."""
-        while self._gated and not self._summed.acquire(timeout=self._poll_s):
-            if self._failure.failed:
-                return False
+        if self._gated:
+            return _acquire(self._summed, self._failure, self._poll_s)
         return not self._failure.failed
 
     def _run(self) -> None:
