@@ -424,6 +424,18 @@ def _check(key: str, f: dataclasses.Field, value: Any) -> None:
     check(key, f, value, show=shown)
 
 
+def recalibration_obstacle(t: Any) -> str | None:
+    """Why the train section ``t`` cannot fit a held-out recalibration (``train.recalibrate``), or
+    None when it can: it needs probabilities (a loss whose link is the sigmoid) and held-out rows."""
+    if loss_spec(t.loss).link != "sigmoid":
+        return f"train.loss = {t.loss!r} predicts margins, not probabilities (logistic does)"
+    if not solver_spec(t.solver).holdout:
+        return f"train.solver = {t.solver!r} trains on every row"
+    if t.holdout_period in (0, 1):
+        return f"train.holdout_period = {t.holdout_period} holds no rows out to fit on (set N > 1; the default is 10)"
+    return None
+
+
 def _cross_checks(cfg: Config) -> None:
     fz = cfg.featurize
     for i, pair in enumerate(fz.conjunctions):
@@ -451,15 +463,10 @@ def _cross_checks(cfg: Config) -> None:
         raise ConfigError(f"train.{auto} = 'auto': chooses {auto} by the held-out loss, which needs held-out rows: "
                           f"set train.holdout_period to N > 1 (1 row in N held out; the default is 10; got "
                           f"{t.holdout_period}), or set train.{auto} to a number")
-    if t.recalibrate == "on" and loss_spec(t.loss).link != "sigmoid":
-        raise ConfigError(f"train.recalibrate = 'on': fits sigma(a * margin + c), which needs a loss whose link is the "
-                          f"sigmoid (logistic); train.loss = {t.loss!r} predicts margins. Set train.recalibrate=off or auto")
-    if t.recalibrate == "on" and (t.holdout_period in (0, 1) or not solver_spec(t.solver).holdout):
-        why = (f"train.solver = {t.solver!r} trains on every row" if not solver_spec(t.solver).holdout
-               else f"train.holdout_period = {t.holdout_period} leaves none to fit on")
-        raise ConfigError(f"train.recalibrate = 'on': is fitted on the held-out rows, and {why}; set "
-                          "train.holdout_period to N > 1 (the default is 10) with a solver that holds rows out, or "
-                          "train.recalibrate=off or auto")
+    obstacle = recalibration_obstacle(t)
+    if t.recalibrate == "on" and obstacle is not None:
+        raise ConfigError(f"train.recalibrate = 'on': fits sigma(a * margin + c) on the held-out rows, but {obstacle}; "
+                          "set train.recalibrate=off or auto")
     if t.data_cache == "disk" and t.shuffle:
         raise ConfigError("train.shuffle = true: needs train.data_cache = 'memory' or 'auto' (got 'disk'): a shuffled "
                           "online pass reads rows at random, which a shard streamed from the local cache cannot "

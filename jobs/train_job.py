@@ -17,7 +17,13 @@ import uuid
 
 from terascale.allreduce.spark import BarrierError, NetConf, local_cores, run_barrier
 from terascale.jobs import checkpoint, preflight
-from terascale.jobs.config import Config, ConfigError, solver_params, to_dict
+from terascale.jobs.config import (
+    Config,
+    ConfigError,
+    recalibration_obstacle,
+    solver_params,
+    to_dict,
+)
 from terascale.jobs.progress import ProgressMonitor
 from terascale.jobs.run_checkpoints import RunCheckpoints
 from terascale.jobs.train_task import Inject, TaskSpec, run_train_task
@@ -28,7 +34,7 @@ from terascale.pipeline.pointer import resolve_model, served_by
 from terascale.pipeline.sampling import dataset_negative_rate
 from terascale.pipeline.spark_errors import spark_error_summary
 from terascale.pipeline.spec import check_bits
-from terascale.solvers.catalogue import loss_spec, solver_spec
+from terascale.solvers.catalogue import solver_spec
 from terascale.solvers.params import SolverParams
 from terascale.solvers.regpath import path_passes
 
@@ -174,10 +180,9 @@ def recalibration_plan(t, manifest: dict) -> tuple[bool, str]:
     rate = dataset_negative_rate(manifest)
     if rate >= 1.0:
         return False, "auto: the dataset keeps every row"
-    if loss_spec(t.loss).link != "sigmoid":
-        return False, f"auto: train.loss = {t.loss} predicts margins, not probabilities"
-    if t.holdout_period in (0, 1) or not solver_spec(t.solver).holdout:
-        return False, f"auto: the dataset keeps negatives at rate {rate:g}, but this run holds no rows out to fit on"
+    obstacle = recalibration_obstacle(t)
+    if obstacle is not None:
+        return False, f"auto: the dataset keeps negatives at rate {rate:g}, but {obstacle}"
     return True, (f"auto: the dataset keeps negatives at rate {rate:g}; the weighted model over-predicts on "
                   "unsampled rows")
 
