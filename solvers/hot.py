@@ -11,8 +11,8 @@ writes the shard's index array in place) and T > 1; otherwise the pass is plain 
 table. :meth:`HotReplicas.relabel` runs once before the first pass that uses them (on the
 rank's threads, one block of rows each), :meth:`HotReplicas.unlabel` when the online phase ends
 (before anything else reads feature ids from the shard: the objective, L-BFGS's table). Between
-them the shard's indices hold n + 1 + q for hot feature q; the online learner marks its features
-with :func:`~solvers.kernels.hot.mark_relabelled` meanwhile.
+them the shard's indices hold n + 1 + q for hot feature q; the online learner takes the marks of
+its features from the relabelling (:meth:`HotReplicas.take_marks`).
 
 **Layout.** Each thread's block starts on a :data:`ALIGN`-byte boundary of memory and spans a
 whole number of them, so no cache line, nor the pair of lines that x86's adjacent-line

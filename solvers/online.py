@@ -49,7 +49,6 @@ from terascale.solvers.averaging import average_online_state
 from terascale.solvers.errors import DivergenceError
 from terascale.solvers.hot import HotReplicas, choose_hot
 from terascale.solvers.kernels.features import mark_features
-from terascale.solvers.kernels.hot import mark_relabelled
 from terascale.solvers.kernels.online import (
     BAD_MARGIN,
     OK,
@@ -185,17 +184,12 @@ class OnlineLearner:
         if self.space is None:
             run = self.run
             s = run.inputs.train
-            relabelled = self.hot is not None and self.hot.relabelled
-            marks = self.hot.take_marks() if relabelled else None  # made while relabelling, on T threads
-            if marks is None:
+            if self.hot is not None and self.hot.relabelled:
+                marks = self.hot.take_marks()  # made while relabelling, on the rank's threads
+            else:
                 marks = np.zeros(run.n_features, dtype=np.uint8)
                 for a, b in s.chunks():
-                    if relabelled:
-                        mark_relabelled(s.indices[s.indptr[a] : s.indptr[b]], marks, run.n_features)
-                    else:
-                        mark_features(s.indices[s.indptr[a] : s.indptr[b]], marks)
-                if relabelled:
-                    marks[self.hot.hot_ids] = 1  # in the data: chosen from a sample of its rows
+                    mark_features(s.indices[s.indptr[a] : s.indptr[b]], marks)
             mark_state(self.table, marks)
             self.space = ActiveFeatures(agree_marks(run.comm, marks), run.n_features)
         return self.space

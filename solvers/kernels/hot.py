@@ -63,16 +63,6 @@ def unlabel(indices, lo, hi, hot_ids, n):
 
 
 @njit(cache=True, nogil=True)
-def mark_relabelled(indices, marks, n):
-    """marks[j] = 1 for the entries j < n (a relabelled hot feature's entries are skipped: the
-    caller marks the hot features themselves)."""
-    for k in range(indices.shape[0]):
-        j = indices[k]
-        if j < n:
-            marks[j] = 1
-
-
-@njit(cache=True, nogil=True)
 def seed_replicas(state, hot_ids, n, first, stride, threads):
     """Copy every hot feature's canonical row, and the intercept's (row n), into each thread's
     block (module docstring)."""

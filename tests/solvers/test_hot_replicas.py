@@ -16,7 +16,6 @@ from terascale.solvers.data import CSRData
 from terascale.solvers.hot import ALIGN, HotReplicas, choose_hot
 from terascale.solvers.kernels.features import mark_features
 from terascale.solvers.kernels.hot import (
-    mark_relabelled,
     merge_replicas,
     seed_replicas,
 )
@@ -105,11 +104,6 @@ def test_relabel_round_trip_and_marks():
         assert np.all(shard.indices[is_hot] > data.n_features)
         np.testing.assert_array_equal(shard.indices[~is_hot], data.indices[~is_hot])
         np.testing.assert_array_equal(hot.hot_ids[shard.indices[is_hot] - data.n_features - 1], data.indices[is_hot])
-        marks, want = np.zeros(data.n_features, np.uint8), np.zeros(data.n_features, np.uint8)
-        mark_relabelled(shard.indices, marks, data.n_features)
-        marks[hot.hot_ids] = 1
-        mark_features(data.indices, want)
-        np.testing.assert_array_equal(marks, want)
         hot.unlabel(shard, threads)
     np.testing.assert_array_equal(shard.indices, data.indices)
 
