@@ -61,6 +61,15 @@ class ProgressReport:
     survivor: bool  # this attempt is its shard's survivor
 
 
+def _peer_address(chan: Channel) -> str:
+    """``host:port`` of the connection's far end, for the log."""
+    try:
+        host, port = chan.sock.getpeername()[:2]
+    except OSError:
+        return "an unknown address"
+    return f"{host}:{port}"
+
+
 class _Worker:
     __slots__ = ("chan", "shard", "attempt_id", "addr", "registered", "done")
 
@@ -316,12 +325,7 @@ class TreeServer:
         if "spare" in hello:
             self._serve_spare(chan, int(hello["spare"]))
             return
-        try:
-            host, port = chan.sock.getpeername()[:2]
-            addr = f"{host}:{port}"
-        except OSError:
-            addr = "an unknown address"
-        w = _Worker(chan, hello["shard"], hello["attempt_id"], addr)
+        w = _Worker(chan, hello["shard"], hello["attempt_id"], _peer_address(chan))
         with self._cond:
             self._workers.add(w)
             failed = self._failure if self._state == FAILED else None
@@ -367,6 +371,8 @@ class TreeServer:
 
     def _serve_spare(self, chan: Channel, spare: int) -> None:
         """Answer a spare's polls: the shard to race, ``done`` once no race is worth it."""
+        # once per spare and job: where the spares run (which host may take a straggler's shard)
+        log.info("tree server: spare %d connected from %s", spare, _peer_address(chan))
         try:
             while True:
                 idle_s = max(self._deadline - time.monotonic(), 0.0) + self._io_timeout_s

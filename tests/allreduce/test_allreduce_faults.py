@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from terascale.allreduce import protocol as proto
-from terascale.allreduce.client import ServerSession
+from terascale.allreduce.client import ServerSession, SpareSession
 from terascale.allreduce.errors import (
     AllreduceError,
     PeerAborted,
@@ -181,6 +181,34 @@ def test_duplicate_registration_gets_stand_down(key):
         # After the tree is formed, any further registration stands down.
         with pytest.raises(StandDown):
             TreeNode.join(server.address, key, shard=1, attempt_id="too-late", **NODE_DEFAULTS)
+
+
+def test_spare_is_logged_with_its_address_and_races_the_straggler(key, caplog):
+    """The server logs where each spare connected from (once, at INFO: operators and the
+    multi-host test read which host may take a straggler's shard), and assigns the spare the
+    unfinished shard with the least progress once half the shards are won."""
+    caplog.set_level(logging.INFO, logger="terascale.allreduce")
+    with TreeServer(2, key, **FAST) as server:
+        spare = SpareSession.connect(server.address, key, spare=0, connect_timeout_s=5)
+        _wait_until(lambda: "spare 0 connected from" in caplog.text)
+        lines = [r.getMessage() for r in caplog.records if "spare 0 connected" in r.getMessage()]
+        assert lines == [f"tree server: spare 0 connected from 127.0.0.1:{spare._chan.sock.getsockname()[1]}"]
+        slow = ServerSession.connect(server.address, key, shard=1, attempt_id="slow", connect_timeout_s=5)
+        slow.report_progress(3)
+        ended = {}
+
+        def winner():
+            try:
+                TreeNode.join(server.address, key, shard=0, attempt_id="a", **NODE_DEFAULTS)
+            except RoundAborted as exc:  # the server closes below, before shard 1 is won
+                ended["why"] = str(exc)
+
+        t = threading.Thread(target=winner)
+        t.start()
+        assert spare.wait_assignment(poll_s=0.02, timeout_s=5) == 1
+        slow.close()
+    t.join(10)
+    assert "closed before the tree formed" in ended["why"]
 
 
 def test_missing_shard_fails_the_round_naming_it(key):

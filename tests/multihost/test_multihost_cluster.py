@@ -63,7 +63,7 @@ def site(tmp_path_factory):
         yield SimpleNamespace(work=work, dist=dist, net=net, cluster=cluster)
 
 
-def _submit(site, job: str, args: list[str], name: str):
+def _submit(site, job: str, args: list[str], name: str, ui: bool = False):
     # the executors run the environment the driver unpacked (a filesystem every host shares), not
     # 240 MB unpacked per executor per application (tests/cluster covers --archives), and load
     # the kernels numba compiled for the rest of the suite (the user-wide cache, as a node keeps
@@ -71,7 +71,8 @@ def _submit(site, job: str, args: list[str], name: str):
     from terascale.pipeline.numba_cache import cache_root
 
     return spark_submit(site.cluster, site.dist, job, args, site.work / f"{name}.log", archives=False,
-                        conf={"spark.executorEnv.NUMBA_CACHE_DIR": cache_root()})
+                        conf={"spark.executorEnv.NUMBA_CACHE_DIR": cache_root(),
+                              **({"spark.ui.enabled": "true", "spark.ui.port": str(UI_PORT)} if ui else {})})
 
 
 def _run(site, job: str, args: list[str], name: str) -> str:
@@ -121,21 +122,36 @@ def _await(p, log_path: Path, pattern: str, timeout_s: float = 400.0) -> re.Matc
     return m
 
 
-def _spare_host(site, p, log_path: Path) -> str:
-    """The worker host whose task is the spare: the first to connect to the tree server (a
-    spare connects at once to ask for a shard; a worker only at its first heartbeat, after
-    reading its shard)."""
-    port = _await(p, log_path, r"tree server listening on 198\.18\.0\.1:(\d+)").group(1)
+UI_PORT = 4040
+# run in the driver's namespace: {partition index: executor host} of the active 4-task stage (the
+# barrier stage: 3 workers + 1 spare), from the driver's monitoring REST API
+_TASKS = """
+import json, sys, urllib.request
+api = "http://%s/api/v1/applications" % sys.argv[1]
+get = lambda url: json.load(urllib.request.urlopen(url, timeout=5))
+out = {}
+for app in get(api):
+    for st in get(f"{api}/{app['id']}/stages?status=active"):
+        if st["numTasks"] == 4:
+            tasks = get(f"{api}/{app['id']}/stages/{st['stageId']}/{st['attemptId']}/taskList?length=100")
+            out |= {t["index"]: t["host"] for t in tasks}
+print(json.dumps(out))
+"""
+
+
+def _task_hosts(site, p) -> dict[int, str]:
+    """The worker host of each barrier task (partition p < 3: the worker of shard p; 3: the spare),
+    as the driver's REST API shows them once the tasks are launched, before any has started
+    Python: a known host can be frozen before its shard's first pass ends."""
+    api = f"{site.net.addr('driver')}:{UI_PORT}"
     deadline = time.monotonic() + 400
     while True:
-        out = site.net.run("driver", ["ss", "-tnH", "state", "established"]).stdout
-        peers = set(re.findall(rf"198\.18\.0\.1:{port}\s+(198\.18\.0\.\d+):\d+", out))
-        if peers:
-            assert len(peers) == 1, peers
-            assert "registered as the survivor" not in log_path.read_text(errors="replace")
-            return site.cluster.worker_host_of(peers.pop())
-        assert p.poll() is None and time.monotonic() < deadline, "no task connected to the tree server"
-        time.sleep(0.1)
+        r = site.net.run("driver", [sys.executable, "-c", _TASKS, api], check=False)  # fails until the UI is up
+        found = json.loads(r.stdout) if r.returncode == 0 else {}
+        if len(found) == 4:
+            return {int(i): site.cluster.worker_host_of(a) for i, a in found.items()}
+        assert p.poll() is None and time.monotonic() < deadline, "the barrier stage's tasks never showed"
+        time.sleep(0.2)
 
 
 def _python_pids(site, host: str) -> list[int]:
@@ -156,9 +172,10 @@ def trained(site, featurized) -> dict:
     model = site.work / "model"
     log_path = site.work / "train.log"
     before = _traffic(site)
-    p = _submit(site, "train", ["--input", str(featurized), "--model", str(model), *TRAIN, *ON_CLUSTER], "train")
-    spare = _spare_host(site, p, log_path)
-    slow = next(h for h in WORKER_HOSTS if h != spare)
+    p = _submit(site, "train", ["--input", str(featurized), "--model", str(model), *TRAIN, *ON_CLUSTER], "train",
+                ui=True)
+    hosts = _task_hosts(site, p)
+    spare, slow = hosts[3], hosts[0]  # shard 0's worker is made the straggler
     deadline = time.monotonic() + 120
     while not _python_pids(site, slow):  # the executor's Python daemon, its task's worker
         assert time.monotonic() < deadline, f"no Python process on {slow}"
@@ -169,6 +186,7 @@ def trained(site, featurized) -> dict:
                 os.kill(pid, signal.SIGSTOP)
             time.sleep(0.2)
         won = _await(p, log_path, r"shard (\d+) attempt 's0-a0' registered as the survivor")
+        assert "shard 0 attempt 'w0-a0' registered" not in log_path.read_text(errors="replace")
     finally:
         for pid in _python_pids(site, slow):
             os.kill(pid, signal.SIGCONT)
@@ -176,7 +194,9 @@ def trained(site, featurized) -> dict:
     assert rc == 0, f"spark-submit train exited {rc}:\n{log[-6000:]}"
     after = _traffic(site)
     delta = {h: {k: after[h][k] - before[h][k] for k in after[h]} for h in after}
-    return _load(model) | {"traffic": delta, "slow": slow, "spare": spare, "won": int(won.group(1))}
+    seen = re.search(r"tree server: spare 0 connected from (198\.18\.0\.\d+):\d+", log)  # where the spare ran
+    return _load(model) | {"traffic": delta, "slow": slow, "spare": spare, "won": int(won.group(1)),
+                           "spare_logged": site.cluster.worker_host_of(seen.group(1)) if seen else None}
 
 
 def test_multihost_model_equals_single_host(trained, reference):
@@ -204,7 +224,8 @@ def test_slow_hosts_shard_is_won_by_the_spare_on_another_host(site, trained):
     tasks = trained["meta"]["tasks"]
     slow, spare = site.net.addr(trained["slow"]), site.net.addr(trained["spare"])
     shard = next(t["shard"] for t in tasks if t["host"] == slow)
-    assert shard == trained["won"]
+    assert shard == trained["won"] == 0
+    assert trained["spare_logged"] == trained["spare"]  # the tree server's log names the spare's host
     one = {t["role"]: t for t in tasks if t.get("shard") == shard}
     assert one["worker"]["host"] == slow and one["worker"]["outcome"] == "stood_down", tasks
     assert one["spare"]["host"] == spare != slow and one["spare"]["outcome"] == "survivor", tasks
