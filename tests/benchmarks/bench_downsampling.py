@@ -14,7 +14,9 @@ first fills the executors' numba cache, so neither measured run pays for compila
 
 :data:`CASES`: both click rates at ``ROWS`` = 500k (a few minutes on a small machine) and the 33
 negatives per click again at the 2M rows of the training benchmark, where the held-out rows hold
-enough clicks (about 6,000) for the recalibration's noise to fall inside the calibration target;
+enough clicks (about 6,000) for the recalibration's noise to fall inside the calibration target:
+that case (:data:`HEADLINE`) is the one the targets are judged on, the others are context (at 3
+negatives per click r = 0.1 discards two thirds of all rows, which no estimator gets back);
 set TERASCALE_BENCH_DOWNSAMPLING_ROWS to change ``ROWS``, and TERASCALE_BENCH_DOWNSAMPLING_L2 to
 train both with another ``train.l2`` than the default.
 """
@@ -39,9 +41,16 @@ if os.environ.get("TERASCALE_BENCH_SMALL"):
 CASES = ((None, ROWS, REPEATS), (0.03, ROWS, REPEATS), (0.03, max(ROWS, 2_000_000), 2))
 
 
+#: the case the issue's targets are judged on: raw click logs (33 negatives per click, inside the
+#: 30-300 the practice exists for) at the training benchmark's 2M rows; the others are context
+HEADLINE = "ctr_0.03_rows_2000000"
+
+
 def main() -> dict:
     """The cases of :data:`CASES` (module docstring), one Spark session."""
     out = {f"ctr_{0.25 if ctr is None else ctr:g}_rows_{rows}": compare(ctr, rows, reps) for ctr, rows, reps in CASES}
+    if HEADLINE in out:
+        out["headline"] = {"case": HEADLINE, "targets_met": all(out[HEADLINE]["targets"].values())}
     print(json.dumps(out, indent=2))
     return out
 
