@@ -267,10 +267,17 @@ def _shrink(state, j, scale, t):
 def l1_catch_up(state, t, eta_t, l1):
     """Shrink every feature's weight for the examples since its last shrink (step 6 of the module
     docstring at clock ``t``, step size η_t·r_j with r_j = 1/(s_j·√G_j), 0 while G_j = 0, as in
-    step 3), then set T_j = t. The intercept (the last row) is not touched."""
+    step 3), then set T_j = t. The intercept (the last row) is not touched.
+
+    A feature without a normalizer here (s_j = 0: in none of this rank's rows, its w_j and G_j
+    from another rank through the averaging, or from a checkpoint) has no rate on this rank and
+    is not shrunk: its copy keeps the averaged weight and enters the next average with the G_j
+    it carries, as it does for the gradient steps of that feature, which this rank takes none of
+    either. (A rate made up from s_j = 1 would shrink a feature of scale s_j by s_j times its
+    rate.)"""
     for j in range(state.shape[0] - 1):
         gj = state[j, G]
-        if state[j, W] != 0.0 and gj > 0.0:
+        if state[j, W] != 0.0 and gj > 0.0 and state[j, S] > 0.0:
             rj = np.float32(1.0) / (state[j, S] * math.sqrt(gj))
             _shrink(state, j, eta_t * rj * l1, t)
         state[j, T] = t

@@ -315,6 +315,27 @@ def test_online_solver_with_l1_is_sparser_and_l1_zero_keeps_the_bits(problem):
                                              rel=1e-6)
 
 
+def test_online_l1_on_ranks_holding_features_the_others_do_not():
+    """After an averaging a rank holds w and G of features only another rank's rows have (no
+    normalizer here): the next pass's catch-up leaves them to the ranks that have them, instead
+    of dividing by s_j = 0 (a ZeroDivisionError in pass 2 before)."""
+    data = planted_problem(n=600, d=40, density=0.15, seed=9)
+    x = data.to_scipy().tolil()
+    x[:310, 20:] = 0.0  # rank 0 (rows 0..302) holds features 0..19 only, rank 1 all of them
+    data = CSRData.from_scipy(x.tocsr(), data.labels, data.weights)
+    shards = split_rows(data, 2)
+    only_other = np.setdiff1d(np.unique(shards[1].indices), np.unique(shards[0].indices))
+    assert only_other.size >= 15
+    params = dict(solver="online", l2=1e-4, passes=3)
+    dense = train_on_tree(shards, SolverParams(**params))
+    sparse = train_on_tree(shards, SolverParams(**params, l1=0.05))
+    assert sparse[0].weights.tobytes() == sparse[1].weights.tobytes() and sparse[0].passes == 3
+    assert np.count_nonzero(sparse[0].weights) < np.count_nonzero(dense[0].weights)
+    assert np.count_nonzero(sparse[0].weights[only_other]) < np.count_nonzero(dense[0].weights[only_other])
+    assert sparse[0].objective == pytest.approx(
+        objective_l1(data, sparse[0].weights, sparse[0].intercept, 0.05, 1e-4), rel=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------
 # errors
 
