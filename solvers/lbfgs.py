@@ -300,8 +300,17 @@ def _preconditioner(run: TrainRun, space: ActiveFeatures, table: LocalTable, the
                     inv_diag: np.ndarray) -> Jacobi:
     """Jacobi plus the field-level coarse correction when the run has a group map and
     ``lbfgs_coarse`` is on (not for a loss without curvature, hinge: its data curvature is 0, so E would be the
-    penalty alone and singular along the intercept); else Jacobi."""
+    penalty alone and singular along the intercept; nor for OWL-QN with λ₂ < λ₁, below); else Jacobi.
+
+    OWL-QN: along a field shift v the data barely bend f, so E_vv ≈ λ₂·(the field's size), while the
+    pseudo-gradient there holds the L1 term, |vᵀ◇f| up to λ₁·(the field's size): the coarse part
+    of the initial matrix moves the field's weights by up to λ₁/λ₂, a step with no bound as λ₂ → 0
+    (the line search then halves it 20 times, pass after pass). With λ₂ ≥ λ₁ that shift is at
+    most 1, and the correction pays as without L1 (docs/design-notes.md, "OWL-QN and the coarse
+    correction")."""
     if run.groups is None or not run.params.lbfgs_coarse or not loss_by_id(run.loss_id).curvature:
+        return Jacobi(inv_diag)
+    if run.params.l1 > run.params.l2:
         return Jacobi(inv_diag)
     group, sizes = compact_groups(run.groups, space.ids)
     if sizes.size == 0:  # no active feature has a group: nothing to correct
