@@ -149,7 +149,8 @@ class _Declarations:
                                       "per rank (runs of 512, scaled to the rank's weight); 0 = every row",
                                       Interval(0, 1_000_000_000, integer=True))
     lbfgs_coarse: bool = param(True, "L-BFGS: add the field-level coarse correction (one column per field of the "
-                               "dataset's group map, and the intercept) to the Jacobi preconditioner")
+                               "dataset's group map, and the intercept) to the Jacobi preconditioner (with l1 > 0 only "
+                               "while l2 >= l1)")
     tol: float = param(1e-7, "relative tolerance on the gradient norm and the objective change (cocoa: the "
                        "relative duality gap)", Interval(0, 1))
     early_stop_passes: int = param(3, "stop after this many passes without a better held-out loss (0: off)",
