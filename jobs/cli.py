@@ -238,12 +238,14 @@ def cmd_demo(args) -> int:
 
 
 def _model_path(path: str) -> str:
-    """A model directory unchanged; a pointer file (terascale publish) -> the model it names."""
-    from terascale.pipeline.pointer import resolve_model
+    """A model directory unchanged; a pointer file (terascale publish) -> the model it names;
+    checked complete (metadata and weights readable) here, before any Spark session starts."""
+    from terascale.pipeline.pointer import check_complete, resolve_model
 
     model = resolve_model(path)
     if model != path:
         log.info("model pointer %s -> %s", path, model)
+    check_complete(model)
     return model
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import json
 import uuid
+import zipfile
 
 import numpy as np
 
@@ -87,7 +88,7 @@ def _sparse_arrays(path: str, data: bytes) -> tuple[np.ndarray, np.ndarray, int]
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             idx, val, n = z["indices"], z["values"], int(z["length"])
-    except (ValueError, KeyError, OSError) as e:
+    except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile) as e:
         raise ModelError(f"{path}: not a sparse weights file ({e})") from None
     return idx, val, n
 
@@ -100,7 +101,10 @@ def load_weights(model_dir: str, n: int) -> np.ndarray:
     with fs.open_input_stream(inner) as f:
         data = f.read()
     if storage == "dense":
-        w = np.load(io.BytesIO(data), allow_pickle=False)
+        try:
+            w = np.load(io.BytesIO(data), allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise ModelError(f"{path}: not a valid .npy file ({e})") from None
         if w.dtype != np.float32 or w.shape != (n,):
             raise ModelError(f"{model_dir}: weights.npy is {w.dtype}{w.shape}, the spec wants float32 ({n},)")
         return w
@@ -164,8 +168,16 @@ def _json_default(o):
 def load_metadata(model_dir: str) -> dict:
     path = fsutil.join(fsutil.normalize(model_dir), METADATA)
     if not fsutil.exists(path):
-        raise ModelError(f"{model_dir}: no {METADATA}; not a terascale model directory{artifacts.missing_hint(model_dir)}")
-    meta = fsutil.read_json(path)
+        hint = artifacts.missing_hint(model_dir)
+        if not hint and not fsutil.exists(fsutil.normalize(model_dir)):
+            raise ModelError(f"{model_dir}: no such model directory or pointer file")
+        raise ModelError(f"{model_dir}: no {METADATA}; not a terascale model directory{hint}")
+    try:
+        meta = fsutil.read_json(path)
+    except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+        raise ModelError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise ModelError(f"{path}: not a JSON object")
     if meta.get("format_version") != MODEL_FORMAT:
         raise ModelError(f"{path}: model format {meta.get('format_version')!r} is not supported (want {MODEL_FORMAT})")
     return meta

@@ -55,7 +55,7 @@ class Interval:
         kind = "an integer" if self.integer else "a finite number"
         lo = "-inf" if self.lo is None else _num(self.lo)
         hi = "inf" if self.hi is None else _num(self.hi)
-        return f"{kind} in {'(' if self.lo_open or self.lo is None else '['}{lo}, {hi}]"
+        return f"{kind} in {'(' if self.lo_open or self.lo is None else '['}{lo}, {hi}{')' if self.hi is None else ']'}"
 
 
 @dataclass(frozen=True)

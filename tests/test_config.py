@@ -125,7 +125,7 @@ def test_l2_takes_auto_or_a_number_from_files_and_sets(tmp_path):
         assert load_config([conf]).train.l2 == want  # YAML 1.1 reads 1e-6 as a string: accepted as a number
         assert load_config([], [f"train.l2={text}"]).train.l2 == want
     conf.write_text("train: {l2: [1]}\n")
-    with pytest.raises(ConfigError, match=r"train.l2 = \[1\]: must be 'auto' or a finite number in \[0, inf\]"):
+    with pytest.raises(ConfigError, match=r"train.l2 = \[1\]: must be 'auto' or a finite number in \[0, inf\)"):
         load_config([conf])
     with pytest.raises(ConfigError, match=r"train.l2 = 'auto': chooses l2 by the held-out loss, which needs held-out "
                                           r"rows: set train.holdout_period to N > 1 .*got 0\), or set train.l2 to a number"):
@@ -164,5 +164,5 @@ def test_l1_takes_auto_with_l2_a_number(tmp_path):
     with pytest.raises(ConfigError, match=r"train.l1 = 'auto': chooses l1 by the held-out loss, which needs held-out "
                                           r"rows: .*or set train.l1 to a number"):
         load_config([], ["train.l1=auto", "train.l2=0", "train.holdout_period=0"])
-    with pytest.raises(ConfigError, match=r"train.l1 = -1.0: must be 'auto' or a finite number in \[0, inf\]"):
+    with pytest.raises(ConfigError, match=r"train.l1 = -1.0: must be 'auto' or a finite number in \[0, inf\)"):
         load_config([], ["train.l1=-1"])

@@ -151,12 +151,18 @@ def _break(kind: str, d: Path) -> None:
             np.save(d / "weights.npy", np.zeros(8, np.float32))
         elif kind == "bad_metadata":
             (d / "metadata.json").write_text("{")
+        elif kind == "truncated_sparse":  # the sparse storage, cut short (a zip without its directory)
+            (d / "weights.npy").unlink()
+            modeldir.write_weights(str(d), np.zeros(16, np.float32), storage="sparse")
+            data = (d / "weights_sparse.npz").read_bytes()
+            (d / "weights_sparse.npz").write_bytes(data[: len(data) // 2])
 
 
 @pytest.mark.parametrize("kind, message", [
-    ("missing", "no metadata.json"), ("empty", "no metadata.json"), ("staging", "no metadata.json"),
-    ("no_weights", "no weights.npy"), ("short_weights", "the spec wants float32 (16,)"),
-    ("bad_metadata", "unreadable metadata.json"),
+    ("missing", "bad: no such model directory or pointer file"), ("empty", "no metadata.json"),
+    ("staging", "no metadata.json"), ("no_weights", "no weights.npy"), ("short_weights", "the spec wants float32 (16,)"),
+    ("bad_metadata", "bad/metadata.json: not valid JSON"),
+    ("truncated_sparse", "bad/weights_sparse.npz: not a sparse weights file"),
 ])
 def test_publish_refuses_an_incomplete_model(tmp_path, capsys, kind, message):
     ptr = tmp_path / "current"
@@ -303,3 +309,17 @@ def test_gate_and_publish_never_import_spark(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.stdout.splitlines()[-1] == "0 False", r.stderr[-2000:]
     assert read_pointer(str(tmp_path / "current"))["metrics"] == {"logloss": 0.4}
+
+
+@pytest.mark.parametrize("command", ["evaluate", "predict"])
+def test_evaluate_and_predict_refuse_a_broken_model_before_spark_starts(tmp_path, capsys, monkeypatch, command):
+    import terascale.jobs.session as session
+
+    def no_spark(*a, **k):
+        raise AssertionError("a Spark session was asked for")
+
+    monkeypatch.setattr(session, "get_spark", no_spark)
+    _break("bad_metadata", tmp_path / "bad")
+    extra = ["--output", str(tmp_path / "out")] if command == "predict" else []
+    assert main([command, "--input", str(tmp_path / "data"), "--model", str(tmp_path / "bad"), *extra]) == 1
+    assert f"{tmp_path / 'bad' / 'metadata.json'}: not valid JSON" in capsys.readouterr().err

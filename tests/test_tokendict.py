@@ -155,6 +155,9 @@ def test_inspect_names_the_planted_heavy_tokens(spark, data, tmp_path):
     p = cli(str(bare), "--top", "5", "--names")
     assert p.returncode == 1 and "has no token dictionary" in p.stderr
     p = cli(str(bare), "--top", "5")
-    assert p.returncode == 0 and "buckets only" in p.stdout and len(p.stdout.strip().splitlines()) == 3 + 5
+    assert p.returncode == 0 and "(no token dictionary: buckets only)" in p.stdout
+    assert len(p.stdout.strip().splitlines()) == 3 + 5
+    p = cli(str(tmp_path / "m"), "--top", "5", "--no-names")  # it has one: the user asked for buckets
+    assert p.returncode == 0 and "(buckets only: --no-names)" in p.stdout and "no token dictionary" not in p.stdout
     p = cli(str(tmp_path / "m"), "--top", "3", "--json")
     assert [row["bucket"] for row in json.loads(p.stdout)["top"]] == [row["bucket"] for row in r["top"][:3]]

@@ -18,9 +18,9 @@ from tests.scd.helpers import make_data
     "kwargs, message",
     [
         ({"loss": "poisson"}, "cocoa.loss = 'poisson': must be one of 'logistic', 'squared', 'hinge', 'squared_hinge'"),
-        ({"l2": 0.0}, "cocoa.l2 = 0.0: must be a finite number in (0, inf]"),
+        ({"l2": 0.0}, "cocoa.l2 = 0.0: must be a finite number in (0, inf)"),
         ({"l2": math.inf}, "cocoa.l2 = inf"),
-        ({"local_epochs": 0}, "cocoa.local_epochs = 0: must be an integer in [1, inf]"),
+        ({"local_epochs": 0}, "cocoa.local_epochs = 0: must be an integer in [1, inf)"),
         ({"threads": 1.5}, "cocoa.threads = 1.5"),
         ({"aggregation": "mean"}, "cocoa.aggregation = 'mean'"),
         ({"tol": -1.0}, "cocoa.tol = -1.0"),

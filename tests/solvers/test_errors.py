@@ -111,12 +111,12 @@ def test_invariant_updates_do_not_diverge_with_the_same_learning_rate():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"l2": -1.0}, r"train.l2 = -1.0: must be 'auto' or a finite number in \[0, inf\]"),
+    ({"l2": -1.0}, r"train.l2 = -1.0: must be 'auto' or a finite number in \[0, inf\)"),
     ({"l2": float("nan")}, r"train.l2 = nan"),
     ({"loss": "log"}, r"train.loss = 'log': must be one of 'logistic', 'squared', 'hinge', 'squared_hinge'"),
     ({"passes": 0}, r"train.passes = 0: must be an integer in \[1, 100000\]"),
     ({"online_passes": 5, "passes": 3}, r"train.online_passes = 5: must be <= train.passes \(3\)"),
-    ({"learning_rate": 0.0}, r"train.learning_rate = 0.0: must be a finite number in \(0, inf\]"),
+    ({"learning_rate": 0.0}, r"train.learning_rate = 0.0: must be a finite number in \(0, inf\)"),
     ({"lbfgs_memory": 0}, r"train.lbfgs_memory = 0"),
     ({"shuffle": 1}, r"train.shuffle = 1: must be true or false"),
     ({"solver": "cocoa", "l2": 0.0}, r"train.l2 = 0.0: must be > 0 with train.solver = 'cocoa'"),

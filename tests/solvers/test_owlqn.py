@@ -341,7 +341,7 @@ def test_online_l1_on_ranks_holding_features_the_others_do_not():
 
 
 def test_negative_l1_is_refused_naming_the_key():
-    with pytest.raises(ConfigError, match=r"^train\.l1 = -0\.5: must be 'auto' or a finite number in \[0, inf\]$"):
+    with pytest.raises(ConfigError, match=r"^train\.l1 = -0\.5: must be 'auto' or a finite number in \[0, inf\)$"):
         SolverParams(l1=-0.5)
     with pytest.raises(ConfigError, match=r"train\.l1 = nan"):
         SolverParams(l1=float("nan"))

@@ -211,7 +211,7 @@ def test_auto_without_held_out_rows_is_refused_on_every_rank():
     ({"solver": "online"}, r"train.l2 = 'auto': must be a number with train.solver = 'online': 'auto' fits a "
                            r"regularization path, which needs a solver that can \('hybrid', 'lbfgs'\)"),
     ({"solver": "cocoa"}, r"train.l2 = 'auto': must be a number with train.solver = 'cocoa'"),
-    ({"l2": "automatic"}, r"train.l2 = 'automatic': must be 'auto' or a finite number in \[0, inf\]"),
+    ({"l2": "automatic"}, r"train.l2 = 'automatic': must be 'auto' or a finite number in \[0, inf\)"),
     ({"l2": float("inf")}, r"train.l2 = inf: must be 'auto' or a finite number"),
 ])
 def test_bad_l2_values_name_the_key_and_what_is_allowed(kwargs, message):
@@ -272,7 +272,7 @@ def test_the_l1_path_rule_and_one_auto_penalty_per_run():
         SolverParams(solver="online", l2=1e-6, l1="auto")
     with pytest.raises(ConfigError, match=r"train.l1 = 'auto': must be 0 with train.solver = 'cocoa'"):
         SolverParams(solver="cocoa", l2=1e-6, l1="auto")
-    with pytest.raises(ConfigError, match=r"train.l1 = -1e-06: must be 'auto' or a finite number in \[0, inf\]"):
+    with pytest.raises(ConfigError, match=r"train.l1 = -1e-06: must be 'auto' or a finite number in \[0, inf\)"):
         SolverParams(l2=1e-6, l1=-1e-6)
 
 
