@@ -156,6 +156,11 @@ def cmd_score(args) -> int:
 
     if args.chunk_mb < 1:
         raise UsageError(f"--chunk-mb {args.chunk_mb}: must be >= 1")
+    for kv in args.sets:  # a featurize.* or train.* --set would be ignored silently: the model fixes them
+        key = kv.split("=", 1)[0].strip()
+        if not key.startswith("predict."):
+            raise UsageError(f"--set {key}: terascale score reads only predict.* settings; the feature spec "
+                             "and everything else come from the model")
     cfg = load_config(args.conf, args.sets)
     scorer = Scorer.from_model_dir(args.model, cfg.predict.calibration, labeled=not args.no_label)
     stdin, out = sys.stdin.buffer, sys.stdout

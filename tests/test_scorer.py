@@ -158,3 +158,11 @@ def test_libsvm_lines_score_as_their_featurized_rows(tmp_path):
     np.testing.assert_array_equal(got[~np.isnan(got)].view(np.uint64), want.view(np.uint64))
     with pytest.raises(MalformedLine, match=r"line 8: malformed"):
         Scorer.from_model_dir(str(tmp_path / "m")).predict_lines(lines)
+
+
+def test_score_refuses_settings_it_would_ignore(tmp_path, capsys):
+    from terascale.jobs.cli import main
+
+    assert main(["score", "--model", str(tmp_path / "m"), "--set", "featurize.bits=20"]) == 2
+    assert ("--set featurize.bits: terascale score reads only predict.* settings; the feature spec and "
+            "everything else come from the model") in capsys.readouterr().err
