@@ -33,7 +33,9 @@ the pass's starting t; the kernel shrinks a feature's weight towards 0 (clipped 
 updates it, for the importance weight seen since its last shrink; after the pass (the threads'
 totals merged) :func:`~solvers.kernels.online.l1_catch_up` shrinks every feature for the rest of
 the pass at the pass's final step size. The averaged weights are then 0 wherever every rank's
-are, so the hybrid's L-BFGS (OWL-QN) phase starts from a sparse point.
+are, so the hybrid's L-BFGS (OWL-QN) phase starts from a sparse point. From a second online pass
+on K > 1 ranks a feature held by m ranks is shrunk only there (about m/K of its penalty:
+:func:`~solvers.kernels.online.l1_catch_up`).
 
 Divergence: a non-finite margin, squared gradient or weight on any rank, or an exploding loss
 (the pass's progressive loss above EXPLODING_FACTOR times the loss of the all-zero model),

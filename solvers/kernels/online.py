@@ -16,7 +16,8 @@ included with x = 1; examples of weight 0 are skipped):
    (Ross, Mineiro & Langford 2013, "normalized adaptive gradient": the prediction stays
    the same whatever the scale of a feature);
 2. predict: m = Σ_j w_j·x_j;  t ← t + h;  N ← N + h·Σ_j (x_j/s_j)²;
-3. adapt: g = ℓ'(m);  G_j ← G_j + h·(g·x_j)²;  rate r_j = 1/(s_j·√G_j) (0 while G_j = 0);
+3. adapt: g = ℓ'(m);  G_j ← G_j + h·(g·x_j)²;  rate r_j = 1/(s_j·√G_j) (0 while G_j = 0 or
+   s_j = 0: a stored zero x_j = 0 of a feature that has no non-zero on this rank);
 4. step: η_t = η·√(t/N);  κ = η_t·Σ_j r_j·x_j²;  u = the importance-invariant update scalar
    for (ℓ, m, y, h, κ) (:func:`~solvers.kernels.losses.invariant_scalar`), or the plain
    gradient scalar h·g when ``invariant`` is off;
@@ -202,7 +203,10 @@ def online_pass(indptr, indices, values, vpos, labels, weights, order, state, to
                 j += offset
             gj = state[j, G] + hg2 * (x * x)
             state[j, G] = gj
-            rj = np.float32(1.0) / (state[j, S] * math.sqrt(gj)) if gj > 0.0 else np.float32(0.0)
+            # s_j = 0 with G_j > 0: a stored zero of a feature this rank has no non-zero of, its G
+            # from another rank through the averaging; x = 0 makes the step 0 whatever the rate
+            sj = state[j, S]
+            rj = np.float32(1.0) / (sj * math.sqrt(gj)) if gj > 0.0 and sj > 0.0 else np.float32(0.0)
             rate[n] = rj
             n += 1
             kappa += rj * (x * x)
@@ -272,9 +276,14 @@ def l1_catch_up(state, t, eta_t, l1):
     A feature without a normalizer here (s_j = 0: in none of this rank's rows, its w_j and G_j
     from another rank through the averaging, or from a checkpoint) has no rate on this rank and
     is not shrunk: its copy keeps the averaged weight and enters the next average with the G_j
-    it carries, as it does for the gradient steps of that feature, which this rank takes none of
-    either. (A rate made up from s_j = 1 would shrink a feature of scale s_j by s_j times its
-    rate.)"""
+    it carries. (A rate made up from s_j = 1 would shrink a feature of scale s_j by s_j times its
+    rate.) The cost, from the second pass of a run with K > 1 ranks: the penalty is owed on every
+    rank's examples but paid only on the m ranks that hold j, so the average shrinks such a
+    feature by about m/K of its penalty while its loss steps count in full, and rare features
+    stay less sparse than on one rank. The hybrid with its default single online pass averages
+    once, before any rank holds another's features; its OWL-QN phase is exact either way. Paying
+    it in full needs s_j on every rank (one AllReduce of the normalizers, kept in the
+    checkpoint), not done."""
     for j in range(state.shape[0] - 1):
         gj = state[j, G]
         if state[j, W] != 0.0 and gj > 0.0 and state[j, S] > 0.0:

@@ -336,6 +336,33 @@ def test_online_l1_on_ranks_holding_features_the_others_do_not():
         objective_l1(data, sparse[0].weights, sparse[0].intercept, 0.05, 1e-4), rel=1e-6)
 
 
+def test_online_passes_with_stored_zeros_of_a_feature_another_rank_holds():
+    """A stored zero (LibSVM's ``j:0``, or ``j:1 j:-1`` merged) of a feature whose non-zeros are
+    all on another rank: after the averaging this rank holds G_j > 0 with s_j = 0, and step 3's
+    rate divided by s_j (ZeroDivisionError in pass 2, with or without L1). The zero entries change
+    nothing: the same model as without them, bit for bit."""
+    import scipy.sparse as sp
+
+    data = planted_problem(n=400, d=20, density=0.2, seed=10)
+    x = data.to_scipy().tolil()
+    x[:220, 19] = 0.0  # feature 19's non-zeros only in rank 1's rows (rank 0 holds rows 0..202)
+    clean = x.tocsr()
+    clean.eliminate_zeros()
+    coo = clean.tocoo()
+    rows = np.arange(0, 200, 7)  # explicit zeros of feature 19 in some of rank 0's rows
+    with_zeros = sp.csr_matrix((np.r_[coo.data, np.zeros(rows.size)],
+                                (np.r_[coo.row, rows], np.r_[coo.col, np.full(rows.size, 19)])), shape=clean.shape)
+    a = CSRData.from_scipy(clean, data.labels, data.weights)
+    b = CSRData.from_scipy(with_zeros, data.labels, data.weights)
+    assert b.nnz == a.nnz + rows.size
+    for l1 in (0.0, 0.01):
+        params = SolverParams(solver="online", l2=1e-4, l1=l1, passes=3)
+        want = train_on_tree(split_rows(a, 2), params)
+        got = train_on_tree(split_rows(b, 2), params)
+        assert got[0].passes == 3
+        assert got[0].weights.tobytes() == want[0].weights.tobytes() and got[0].intercept == want[0].intercept
+
+
 # ---------------------------------------------------------------------------------------------
 # errors
 
