@@ -55,10 +55,10 @@ def _add_overwrite_arg(p: argparse.ArgumentParser, what: str, key: str | None) -
                    help=f"replace {what} left by an earlier run, atomically{conf}; anything else there is always refused")
 
 
-def _add_conf_args(p: argparse.ArgumentParser) -> None:
+def _add_conf_args(p: argparse.ArgumentParser, example: str = "featurize.bits=22") -> None:
     p.add_argument("--conf", action="append", default=[], metavar="FILE", help="YAML configuration file (repeatable)")
     p.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
-                   help="override one parameter, e.g. --set featurize.bits=22 (repeatable)")
+                   help=f"override one parameter, e.g. --set {example} (repeatable)")
 
 
 def _say(msg: str) -> None:
@@ -156,10 +156,10 @@ def cmd_score(args) -> int:
 
     if args.chunk_mb < 1:
         raise UsageError(f"--chunk-mb {args.chunk_mb}: must be >= 1")
-    for kv in args.sets:  # a featurize.* or train.* --set would be ignored silently: the model fixes them
+    for kv in args.sets:  # any other --set would be ignored silently: the model fixes the rest
         key = kv.split("=", 1)[0].strip()
-        if not key.startswith("predict."):
-            raise UsageError(f"--set {key}: terascale score reads only predict.* settings; the feature spec "
+        if key != "predict.calibration":
+            raise UsageError(f"--set {key}: terascale score takes only predict.calibration; the feature spec "
                              "and everything else come from the model")
     cfg = load_config(args.conf, args.sets)
     scorer = Scorer.from_model_dir(args.model, cfg.predict.calibration, labeled=not args.no_label)
@@ -247,10 +247,17 @@ def _model_path(path: str) -> str:
     checked complete (metadata and weights readable) here, before any Spark session starts."""
     from terascale.pipeline.pointer import check_complete, resolve_model
 
+    from terascale.pipeline.modeldir import ModelError
+
     model = resolve_model(path)
-    if model != path:
-        log.info("model pointer %s -> %s", path, model)
-    check_complete(model)
+    if model == path:
+        check_complete(model)
+        return model
+    log.info("model pointer %s -> %s", path, model)
+    try:
+        check_complete(model)
+    except ModelError as e:
+        raise ModelError(f"model pointer {path} -> {e}") from None
     return model
 
 
@@ -369,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--no-label", action="store_true",
                     help="lines carry no label field (serving logs): each line is scored as if it began with label 0")
     sc.add_argument("--chunk-mb", type=int, default=8, help="stdin is read and scored this many MiB at a time")
-    _add_conf_args(sc)
+    _add_conf_args(sc, "predict.calibration=raw")
     sc.set_defaults(fn=cmd_score)
 
     ins = sub.add_parser("inspect", help="a model's heaviest features by |weight|, named by its token dictionary")

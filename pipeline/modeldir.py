@@ -93,21 +93,22 @@ def _sparse_arrays(path: str, data: bytes) -> tuple[np.ndarray, np.ndarray, int]
     return idx, val, n
 
 
-def load_weights(model_dir: str, n: int) -> np.ndarray:
-    """The model's weights as a dense float32 vector of length ``n`` (2^bits), from either storage;
-    ModelError for a file that does not match n or is malformed."""
+def sparse_weights(model_dir: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, float32 values) of a model stored sparse, checked against ``n`` (2^bits) without
+    building the dense vector; ModelError for a file that does not match n or is malformed."""
     path, storage = weights_file(model_dir)
+    if storage != "sparse":
+        raise ModelError(f"{model_dir}: its weights are stored dense ({WEIGHTS})")
+    return _checked_sparse(path, _read(path), n)
+
+
+def _read(path: str) -> bytes:
     fs, inner = fsutil.resolve(path)
     with fs.open_input_stream(inner) as f:
-        data = f.read()
-    if storage == "dense":
-        try:
-            w = np.load(io.BytesIO(data), allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:
-            raise ModelError(f"{path}: not a valid .npy file ({e})") from None
-        if w.dtype != np.float32 or w.shape != (n,):
-            raise ModelError(f"{model_dir}: weights.npy is {w.dtype}{w.shape}, the spec wants float32 ({n},)")
-        return w
+        return f.read()
+
+
+def _checked_sparse(path: str, data: bytes, n: int) -> tuple[np.ndarray, np.ndarray]:
     idx, val, length = _sparse_arrays(path, data)
     if length != n:
         raise ModelError(f"{path}: {length} weights, the spec wants {n}")
@@ -119,6 +120,23 @@ def load_weights(model_dir: str, n: int) -> np.ndarray:
         raise ModelError(f"{path}: indices must be strictly increasing in [0, {n})")
     if not np.all(np.isfinite(val)):
         raise ModelError(f"{path}: non-finite weights")
+    return idx, val
+
+
+def load_weights(model_dir: str, n: int) -> np.ndarray:
+    """The model's weights as a dense float32 vector of length ``n`` (2^bits), from either storage;
+    ModelError for a file that does not match n or is malformed."""
+    path, storage = weights_file(model_dir)
+    data = _read(path)
+    if storage == "dense":
+        try:
+            w = np.load(io.BytesIO(data), allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise ModelError(f"{path}: not a valid .npy file ({e})") from None
+        if w.dtype != np.float32 or w.shape != (n,):
+            raise ModelError(f"{model_dir}: weights.npy is {w.dtype}{w.shape}, the spec wants float32 ({n},)")
+        return w
+    idx, val = _checked_sparse(path, data, n)
     w = np.zeros(n, dtype=np.float32)
     w[idx] = val
     return w

@@ -46,13 +46,13 @@ def top_features(model: str, top: int, names: bool | None = None) -> dict:
         rows.append(row)
     return {"model": fsutil.normalize(path), "intercept": b, "features": int(w.shape[0]), "nonzeros": int(nz.shape[0]),
             "negative_rate": model_negative_rate(meta),
-            "named": bool(libsvm or entry) and names is not False, "has_dictionary": bool(entry), "top": rows}
+            "named": bool(libsvm or entry) and names is not False, "buckets_asked": names is False, "top": rows}
 
 
 def render(r: dict) -> str:
     lines = [f"model {r['model']}: {r['nonzeros']:,} non-zero of {r['features']:,} weights, intercept {r['intercept']:.6g}"]
     if not r["named"]:
-        lines.append("(buckets only: --no-names)" if r.get("has_dictionary") else "(no token dictionary: buckets only)")
+        lines.append("(buckets only: --no-names)" if r.get("buckets_asked") else "(no token dictionary: buckets only)")
     lines.append(f"{'rank':>4}  {'bucket':>10}  {'weight':>12}  tokens" if r["named"] else f"{'rank':>4}  {'bucket':>10}  {'weight':>12}")
     for row in r["top"]:
         s = f"{row['rank']:>4}  {row['bucket']:>10}  {row['weight']:>12.6f}"

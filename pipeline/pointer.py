@@ -61,7 +61,8 @@ def check_complete(model_dir: str) -> dict:
 
     Reads metadata.json and only the header of weights.npy (its dtype and length must match the
     feature spec), so the check stays cheap for a 2^31-weight model; a sparse model
-    (``weights_sparse.npz``, :mod:`pipeline.modeldir`) is read whole and checked.
+    (``weights_sparse.npz``, :mod:`pipeline.modeldir`) is read whole and checked, without
+    building its dense vector.
     """
     try:
         meta = modeldir.load_metadata(model_dir)
@@ -72,7 +73,7 @@ def check_complete(model_dir: str) -> dict:
         raise modeldir.ModelError(f"{model_dir}: unreadable {modeldir.METADATA} ({e!r})") from None
     path, storage = modeldir.weights_file(model_dir)
     if storage == "sparse":
-        modeldir.load_weights(model_dir, n)
+        modeldir.sparse_weights(model_dir, n)
         return meta
     fs, inner = fsutil.resolve(path)
     try:

@@ -323,3 +323,33 @@ def test_evaluate_and_predict_refuse_a_broken_model_before_spark_starts(tmp_path
     extra = ["--output", str(tmp_path / "out")] if command == "predict" else []
     assert main([command, "--input", str(tmp_path / "data"), "--model", str(tmp_path / "bad"), *extra]) == 1
     assert f"{tmp_path / 'bad' / 'metadata.json'}: not valid JSON" in capsys.readouterr().err
+
+
+def test_a_pointer_to_a_deleted_model_is_named_with_the_model(tmp_path, capsys, monkeypatch):
+    import shutil
+
+    import terascale.jobs.session as session
+
+    monkeypatch.setattr(session, "get_spark", lambda *a, **k: pytest.fail("a Spark session was asked for"))
+    m = make_model(tmp_path / "m")
+    ptr = tmp_path / "current"
+    assert main(["publish", "--model", m, "--pointer", str(ptr)]) == 0
+    shutil.rmtree(m)
+    capsys.readouterr()
+    assert main(["evaluate", "--input", str(tmp_path / "data"), "--model", str(ptr)]) == 1
+    assert f"model pointer {ptr} -> {m}: no such model directory or pointer file" in capsys.readouterr().err
+
+
+def test_a_sparse_model_is_checked_without_its_dense_vector(tmp_path):
+    from terascale.pipeline.pointer import check_complete
+
+    staging = modeldir.staging_dir(str(tmp_path / "m"))
+    w = np.zeros(1 << 10, np.float32)
+    w[[3, 700]] = [0.5, -1.25]
+    modeldir.write_weights(staging, w, storage="sparse")
+    modeldir.commit(staging, str(tmp_path / "m"), {"spec": {"bits": 10}, "intercept": 0.0})
+    assert check_complete(str(tmp_path / "m"))["spec"]["bits"] == 10
+    idx, val = modeldir.sparse_weights(str(tmp_path / "m"), 1 << 10)
+    assert idx.tolist() == [3, 700] and val.tolist() == [0.5, -1.25]
+    with pytest.raises(modeldir.ModelError, match=r"weights_sparse\.npz: 1024 weights, the spec wants 2048"):
+        modeldir.sparse_weights(str(tmp_path / "m"), 1 << 11)

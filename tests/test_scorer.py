@@ -164,5 +164,7 @@ def test_score_refuses_settings_it_would_ignore(tmp_path, capsys):
     from terascale.jobs.cli import main
 
     assert main(["score", "--model", str(tmp_path / "m"), "--set", "featurize.bits=20"]) == 2
-    assert ("--set featurize.bits: terascale score reads only predict.* settings; the feature spec and "
+    assert ("--set featurize.bits: terascale score takes only predict.calibration; the feature spec and "
             "everything else come from the model") in capsys.readouterr().err
+    assert main(["score", "--model", str(tmp_path / "m"), "--set", "predict.overwrite=true"]) == 2
+    assert "--set predict.overwrite: terascale score takes only predict.calibration" in capsys.readouterr().err

@@ -176,6 +176,7 @@ def trained(site, featurized) -> dict:
                 ui=True)
     hosts = _task_hosts(site, p)
     spare, slow = hosts[3], hosts[0]  # shard 0's worker is made the straggler
+    assert slow != spare, hosts  # one task slot per host: freezing the straggler's host spares the spare
     deadline = time.monotonic() + 120
     while not _python_pids(site, slow):  # the executor's Python daemon, its task's worker
         assert time.monotonic() < deadline, f"no Python process on {slow}"
