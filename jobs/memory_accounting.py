@@ -23,7 +23,9 @@ features of the shard, m = ``lbfgs_memory``. Each term belongs to one category:
 - ``model_state``: online (and the hybrid's first passes): the w, G, s table, 3 float32 per
   feature, 12·(D+1); the weights as float64 (start, current and best) 24·(D+1); the active
   features' position map int32 4·D and presence marks 1·D, their ids 8·d; the averaging vector
-  and its sum 16·(d+1); the returned float32 weights 4·D; with T > 1 threads the hot-feature
+  and its sum 16·(d+1); with L1 the shared normalizers (``solvers.online``: the ids and values
+  kept, 12·d, and the AllReduce's vector and sum while they are agreed, 16·d, plus a gather 4·d)
+  32·d; the returned float32 weights 4·D; with T > 1 threads the hot-feature
   replicas and relabel maps (:func:`hot_bytes`, under ``buffers``). L-BFGS: full-length
   float64 weights (current, and the best under early stopping; the start is dropped once
   compacted) 16·(D+1); feature maps (active position, local slot) 8·D; the local table
@@ -124,11 +126,14 @@ class Plan:
     workers: int
     chunk_bytes: int
     path: bool = False  # train.l2 or train.l1 = auto: a regularization path (solvers.regpath)
+    l1: bool = False  # train.l1 > 0 or auto: the online phase shares its normalizers
 
     @classmethod
     def of(cls, p, holdout: bool, workers: int, chunk_bytes: int) -> Plan:
         """From any object with the solver's parameters (a ``TrainConf``, ``SolverParams``)."""
-        return cls(p.solver, p.lbfgs_memory, p.threads, p.partition, holdout, workers, chunk_bytes, auto_penalty(p) is not None)
+        l1 = getattr(p, "l1", 0.0)
+        return cls(p.solver, p.lbfgs_memory, p.threads, p.partition, holdout, workers, chunk_bytes,
+                   auto_penalty(p) is not None, l1 == "auto" or (isinstance(l1, (int, float)) and l1 > 0))
 
 
 @dataclass(frozen=True)
@@ -202,6 +207,8 @@ def account(plan: Plan, s: Sizes, baseline: int) -> Accounting:
         "float64 weights, start, current and best (24 B x 2^bits)": (MODEL_STATE, 24 * (D + 1)),
         "feature maps and marks (5 B x 2^bits)": (MODEL_STATE, 5 * D),
         "averaging vectors (24 B x active features)": (MODEL_STATE, 24 * (d + 1)),
+        **({"L1: shared normalizers, kept and in flight (32 B x active features)": (MODEL_STATE, 32 * d)}
+           if plan.l1 else {}),
         "returned float32 weights": (MODEL_STATE, 4 * D),
         **({f"hot-feature replicas and relabel maps ({plan.threads} threads)": (BUFFERS, hot_bytes(D, plan.threads))}
            if plan.threads > 1 else {}),

@@ -33,9 +33,10 @@ the pass's starting t; the kernel shrinks a feature's weight towards 0 (clipped 
 updates it, for the importance weight seen since its last shrink; after the pass (the threads'
 totals merged) :func:`~solvers.kernels.online.l1_catch_up` shrinks every feature for the rest of
 the pass at the pass's final step size. The averaged weights are then 0 wherever every rank's
-are, so the hybrid's L-BFGS (OWL-QN) phase starts from a sparse point. From a second online pass
-on K > 1 ranks a feature held by m ranks is shrunk only there (about m/K of its penalty:
-:func:`~solvers.kernels.online.l1_catch_up`).
+are, so the hybrid's L-BFGS (OWL-QN) phase starts from a sparse point. From the second pass on
+K > 1 ranks every rank also shrinks the features only other ranks' rows hold, with the holders'
+normalizers agreed at the first averaging (:meth:`OnlineLearner.share_normalizers`), so each
+pays its penalty on every rank's examples.
 
 Divergence: a non-finite margin, squared gradient or weight on any rank, or an exploding loss
 (the pass's progressive loss above EXPLODING_FACTOR times the loss of the all-zero model),
@@ -55,6 +56,7 @@ from terascale.solvers.kernels.online import (
     BAD_MARGIN,
     OK,
     G,
+    S,
     T,
     W,
     l1_catch_up,
@@ -88,6 +90,8 @@ class OnlineLearner:
         if run.init is not None:
             self.table[:, W] = run.init
         self.totals = np.zeros(2, dtype=np.float64)
+        # L1: (ids, s) the normalizers agreed at the first averaging (share_normalizers)
+        self.shared_scale: tuple[np.ndarray, np.ndarray] | None = None
         self.zero_loss = zero_model_loss_sum(s.labels, s.weights, run.loss_id)
         s.release_all()  # a file-backed shard: the two columns leave memory again
 
@@ -112,7 +116,34 @@ class OnlineLearner:
             for a, b in shard.chunks():  # a maximum: the same whatever the ranges
                 part = shard.rows(a, b)
                 restore_normalizers(part.indptr, part.indices, part.values, part.vpos, part.weights, self.table)
+        if "online_scale_ids" in saved:
+            self.shared_scale = (np.asarray(saved["online_scale_ids"], dtype=np.int64),
+                                 np.asarray(saved["online_scale"], dtype=np.float32))
+            self._fill_normalizers()
         return self.theta()
+
+    def share_normalizers(self, ids: np.ndarray) -> None:
+        """L1 on several ranks: give every rank a normalizer s_j for every averaged feature, so
+        that its catch-up shrink pays the penalty of its own examples for the features only other
+        ranks' rows hold (:func:`~solvers.kernels.online.l1_catch_up`). One AllReduce, at the
+        first averaging, of [s_j | 1 if s_j > 0] over ``ids``: a rank without feature j takes the
+        mean of the holders' s_j (1 for hashed tokens); the holders keep their own. The result is
+        the same bits on every rank and is kept in the checkpoint (``online_scale_ids``,
+        ``online_scale``): a resumed run does not average before its next pass's catch-up."""
+        n = ids.shape[0]
+        own = self.table[ids, S]
+        buf = np.empty(2 * n, dtype=np.float32)
+        buf[:n] = own
+        buf[n:] = own > 0.0
+        tot = self.run.comm.allreduce(buf)
+        held = tot[n:] > 0.0
+        self.shared_scale = (ids[held].astype(np.int64), tot[:n][held] / tot[n:][held])
+        self._fill_normalizers()
+
+    def _fill_normalizers(self) -> None:
+        ids, scale = self.shared_scale
+        col = self.table[ids, S]
+        self.table[ids, S] = np.where(col > 0.0, col, scale)
 
     def _local_pass(self, pass_number: int) -> tuple[float, float, str | None]:
         """The kernel over this rank's shard in chunks (:meth:`~solvers.shard.Shard.chunks`,
@@ -206,6 +237,8 @@ class OnlineLearner:
             raise DivergenceError(
                 f"diverged {where}: " + (problem or f"{n_bad} rank(s) reported non-finite values")
             )
+        if run.params.l1 > 0.0 and self.shared_scale is None:
+            self.share_normalizers(self.agree_features().ids)
         if not np.isfinite(self.table[:, W]).all():
             raise DivergenceError(f"diverged {where}: the averaged weights are not finite")
         theta = self.theta()
@@ -228,7 +261,9 @@ class OnlineLearner:
     def checkpoint(self, theta: np.ndarray, stop_reason: str | None) -> None:
         self.run.checkpoint(
             "online", theta, stop_reason,
-            arrays={"weights": self.table[:-1, W], "G": self.table[:, G]},
+            arrays={"weights": self.table[:-1, W], "G": self.table[:, G],
+                    **({"online_scale_ids": self.shared_scale[0], "online_scale": self.shared_scale[1]}
+                       if self.shared_scale is not None else {})},
             scalars={"online_t": float(self.totals[0]), "online_N": float(self.totals[1])},
         )
 

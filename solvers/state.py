@@ -6,7 +6,8 @@ them right away; copying the L-BFGS pairs on every rank every pass would cost
 2·m·(d+1)·4 bytes each time): use :func:`copy_state` to keep one. It is the same on every rank: weights, accumulated squared gradients, L-BFGS pairs,
 history and totals all come out of AllReduce results; the only rank-local online state, the
 per-feature normalizers s_j = max |x_j|, is a function of the rank's data and is recomputed on
-resume; shuffles are seeded by (seed, rank, pass), so there is no RNG state to keep.
+resume (with L1, the normalizers of features other ranks hold, agreed at the first averaging,
+are in the state: ``online_scale_ids``, ``online_scale``); shuffles are seeded by (seed, rank, pass), so there is no RNG state to keep.
 
 Keys: ``version``, ``params`` (dict), ``n_features``, ``phase`` ("online" | "lbfgs" | a
 plugin's), ``pass`` (passes completed), ``stop_reason`` (None while the run should go on), ``weights``

@@ -25,7 +25,8 @@ included with x = 1; examples of weight 0 are skipped):
 
 L1 shrinkage (``l1`` = λ₁ > 0; truncated gradient, Langford, Li & Zhang 2009, applied lazily).
 The fourth column ``T`` (padding when λ₁ = 0) holds the clock t at which feature j was last
-shrunk. In step 5, right after a feature's gradient step, with the rate r_j of this update:
+shrunk. In step 5, right after a feature's gradient step (x_j ≠ 0: a stored zero is no touch),
+with the rate r_j of this update:
 
 6. shrink: a = η_t·r_j·λ₁·(t − T_j) (0 if t ≤ T_j);  w_j ← sign(w_j)·max(0, |w_j| − a);  T_j ← t
 
@@ -242,7 +243,7 @@ def online_pass(indptr, indices, values, vpos, labels, weights, order, state, to
             if j > top:
                 j += offset
             state[j, W] -= np.float32(c * rate[n] * x)
-            if l1 > 0.0:
+            if l1 > 0.0 and x != 0.0:  # a stored zero is no touch: the catch-up pays for it
                 _shrink(state, j, eta_t * rate[n] * l1, t)
             n += 1
         state[d, W] -= np.float32(c * rb)
@@ -273,17 +274,13 @@ def l1_catch_up(state, t, eta_t, l1):
     docstring at clock ``t``, step size η_t·r_j with r_j = 1/(s_j·√G_j), 0 while G_j = 0, as in
     step 3), then set T_j = t. The intercept (the last row) is not touched.
 
-    A feature without a normalizer here (s_j = 0: in none of this rank's rows, its w_j and G_j
-    from another rank through the averaging, or from a checkpoint) has no rate on this rank and
-    is not shrunk: its copy keeps the averaged weight and enters the next average with the G_j
-    it carries. (A rate made up from s_j = 1 would shrink a feature of scale s_j by s_j times its
-    rate.) The cost, from the second pass of a run with K > 1 ranks: the penalty is owed on every
-    rank's examples but paid only on the m ranks that hold j, so the average shrinks such a
-    feature by about m/K of its penalty while its loss steps count in full, and rare features
-    stay less sparse than on one rank. The hybrid with its default single online pass averages
-    once, before any rank holds another's features; its OWL-QN phase is exact either way. Paying
-    it in full needs s_j on every rank (one AllReduce of the normalizers, kept in the
-    checkpoint), not done."""
+    The penalty is owed on every example, so every rank shrinks every feature it has a weight
+    for, also one that only other ranks' rows hold (its w_j and G_j from the averaging): its s_j
+    is then the holders' mean, agreed at the first averaging
+    (:meth:`solvers.online.OnlineLearner.share_normalizers`). Shrinking only on the m holders of
+    K ranks would pay about m/K of the penalty while the loss steps count in full. A feature
+    with no normalizer at all (s_j = 0: a weight no rank's rows hold, from a warm start) has no
+    rate and is not shrunk."""
     for j in range(state.shape[0] - 1):
         gj = state[j, G]
         if state[j, W] != 0.0 and gj > 0.0 and state[j, S] > 0.0:

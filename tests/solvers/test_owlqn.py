@@ -315,25 +315,67 @@ def test_online_solver_with_l1_is_sparser_and_l1_zero_keeps_the_bits(problem):
                                              rel=1e-6)
 
 
-def test_online_l1_on_ranks_holding_features_the_others_do_not():
-    """After an averaging a rank holds w and G of features only another rank's rows have (no
-    normalizer here): the next pass's catch-up leaves them to the ranks that have them, instead
-    of dividing by s_j = 0 (a ZeroDivisionError in pass 2 before)."""
+def _split_features(scale_rank1: float = 1.0):
+    """600 planted rows on 2 ranks: rank 0 (rows 0..302) holds features 0..19 only, rank 1 all
+    40, its values of features 20.. scaled by ``scale_rank1``."""
     data = planted_problem(n=600, d=40, density=0.15, seed=9)
     x = data.to_scipy().tolil()
-    x[:310, 20:] = 0.0  # rank 0 (rows 0..302) holds features 0..19 only, rank 1 all of them
+    x[:310, 20:] = 0.0
+    x[310:, 20:] = x[310:, 20:] * scale_rank1
     data = CSRData.from_scipy(x.tocsr(), data.labels, data.weights)
     shards = split_rows(data, 2)
     only_other = np.setdiff1d(np.unique(shards[1].indices), np.unique(shards[0].indices))
     assert only_other.size >= 15
+    return data, shards, only_other
+
+
+def test_online_l1_on_ranks_holding_features_the_others_do_not():
+    """After an averaging a rank holds w and G of features only another rank's rows have: the
+    normalizers agreed at the first averaging let its catch-up shrink them for its own examples
+    (before: a division by s_j = 0, ZeroDivisionError in pass 2). Every rank the same bits; the
+    objective is numpy's elastic-net objective at the weights; sparser than without L1."""
+    data, shards, only_other = _split_features()
     params = dict(solver="online", l2=1e-4, passes=3)
-    dense = train_on_tree(shards, SolverParams(**params))
-    sparse = train_on_tree(shards, SolverParams(**params, l1=0.05))
+    plain_states, states = [], []
+    dense = train_on_tree(shards, SolverParams(**params), on_pass_end=keep(plain_states))
+    sparse = train_on_tree(shards, SolverParams(**params, l1=0.05), on_pass_end=keep(states))
     assert sparse[0].weights.tobytes() == sparse[1].weights.tobytes() and sparse[0].passes == 3
     assert np.count_nonzero(sparse[0].weights) < np.count_nonzero(dense[0].weights)
     assert np.count_nonzero(sparse[0].weights[only_other]) < np.count_nonzero(dense[0].weights[only_other])
     assert sparse[0].objective == pytest.approx(
         objective_l1(data, sparse[0].weights, sparse[0].intercept, 0.05, 1e-4), rel=1e-6)
+    assert "online_scale" in states[-1] and "online_scale" not in plain_states[-1]  # only with L1
+
+
+def test_online_l1_shares_the_holders_mean_normalizer():
+    """The agreed s_j of a feature is the mean over the ranks that hold it of their max |x_j|
+    (exact in float32 for two ranks), for every averaged feature some rank holds."""
+    _, shards, only_other = _split_features(scale_rank1=3.0)
+    states = []
+    train_on_tree(shards, SolverParams(solver="online", l2=1e-4, l1=0.01, passes=2), on_pass_end=keep(states))
+    ids, scale = states[-1]["online_scale_ids"], states[-1]["online_scale"]
+    held = [np.zeros(40, np.float32) for _ in shards]
+    for h, sh in zip(held, shards, strict=True):
+        x = sh.to_scipy()
+        h[:] = np.abs(x).max(axis=0).toarray().ravel()
+    count = (held[0] > 0).astype(np.float32) + (held[1] > 0)
+    want_ids = np.flatnonzero(count > 0)
+    assert ids.tolist() == want_ids.tolist()
+    np.testing.assert_array_equal(scale, ((held[0] + held[1]) / count)[want_ids])
+    assert (scale[np.isin(ids, only_other)] == held[1][only_other]).all()  # one holder: its own
+
+
+def test_online_l1_on_two_ranks_resumes_from_every_pass():
+    """The agreed normalizers are in the checkpoint: a run resumed after any pass (which does not
+    average again before its next catch-up) ends with the uninterrupted run's bits."""
+    _, shards, _ = _split_features()
+    params = SolverParams(solver="online", l2=1e-4, l1=0.05, passes=5, shuffle=True, seed=3)
+    states = []
+    full = train_on_tree(shards, params, on_pass_end=keep(states))
+    for state in states[:-1]:
+        resumed = train_on_tree(shards, params, resume=_round_trip(state))
+        for a, b in zip(full, resumed, strict=True):
+            _same(a, b)
 
 
 def test_online_passes_with_stored_zeros_of_a_feature_another_rank_holds():
