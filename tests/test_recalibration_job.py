@@ -53,7 +53,8 @@ def test_a_downsampled_model_is_recalibrated_on_its_held_out_rows(spark, data):
     assert rc["applied"] and rc["why"].startswith("auto: the dataset keeps negatives at rate 0.1")
     assert rc["holdout_rows"] == meta["data"]["holdout_rows"] > 0
     assert rc["holdout_loss_after"] < rc["holdout_loss_before"]
-    # on rows it did not train on the weighted model over-predicts (calibration 1.8-1.9 here)
+    # on rows it did not train on the weighted model over-predicts (σ(margin)'s calibration 1.48-1.56
+    # over six samples (six paths), the recalibrated one 0.96-1.05)
     assert rc["slope"] > 0 and rc["iterations"] >= 1
     pop, y = _probabilities(spark, data, "m-auto", "population")
     raw, _ = _probabilities(spark, data, "m-auto", "raw")
@@ -62,7 +63,7 @@ def test_a_downsampled_model_is_recalibrated_on_its_held_out_rows(spark, data):
     # on the unsampled rows the recalibrated probabilities are the better calibrated, and the better loss
     cal = lambda p: p.mean() / y.mean()  # noqa: E731
     ll = lambda p: -np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))  # noqa: E731
-    assert abs(cal(pop) - 1) < 0.15 < 0.5 < abs(cal(raw) - 1), (cal(pop), cal(raw))
+    assert abs(cal(pop) - 1) < 0.15 < 0.3 < abs(cal(raw) - 1), (cal(pop), cal(raw))
     assert ll(pop) < ll(raw)
     r = evaluate(spark, str(data / "all"), str(data / "m-auto"))
     assert r["calibration"] == pytest.approx(cal(pop), rel=1e-9) and r["logloss"] == pytest.approx(ll(pop), rel=1e-9)
