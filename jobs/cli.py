@@ -245,18 +245,17 @@ def cmd_demo(args) -> int:
 def _model_path(path: str) -> str:
     """A model directory unchanged; a pointer file (terascale publish) -> the model it names;
     checked complete (metadata and weights readable) here, before any Spark session starts."""
+    from terascale.pipeline.modeldir import ModelError
     from terascale.pipeline.pointer import check_complete, resolve_model
 
-    from terascale.pipeline.modeldir import ModelError
-
     model = resolve_model(path)
-    if model == path:
-        check_complete(model)
-        return model
-    log.info("model pointer %s -> %s", path, model)
+    if model != path:
+        log.info("model pointer %s -> %s", path, model)
     try:
         check_complete(model)
     except ModelError as e:
+        if model == path:
+            raise
         raise ModelError(f"model pointer {path} -> {e}") from None
     return model
 

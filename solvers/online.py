@@ -231,14 +231,15 @@ class OnlineLearner:
         """One pass + averaging + the tracker's pass record; returns the averaged θ."""
         run = self.run
         loss_sum, weight_sum, problem = self._local_pass(pass_number)
-        n_bad = average_online_state(run.comm, self.table, self.agree_features().ids, problem is not None)
+        space = self.agree_features()
+        n_bad = average_online_state(run.comm, self.table, space.ids, problem is not None)
         where = f"in online pass {pass_number} (learning_rate = {run.params.learning_rate})"
         if n_bad:
             raise DivergenceError(
                 f"diverged {where}: " + (problem or f"{n_bad} rank(s) reported non-finite values")
             )
         if run.params.l1 > 0.0 and self.shared_scale is None:
-            self.share_normalizers(self.agree_features().ids)
+            self.share_normalizers(space.ids)
         if not np.isfinite(self.table[:, W]).all():
             raise DivergenceError(f"diverged {where}: the averaged weights are not finite")
         theta = self.theta()

@@ -204,10 +204,7 @@ def online_pass(indptr, indices, values, vpos, labels, weights, order, state, to
                 j += offset
             gj = state[j, G] + hg2 * (x * x)
             state[j, G] = gj
-            # s_j = 0 with G_j > 0: a stored zero of a feature this rank has no non-zero of, its G
-            # from another rank through the averaging; x = 0 makes the step 0 whatever the rate
-            sj = state[j, S]
-            rj = np.float32(1.0) / (sj * math.sqrt(gj)) if gj > 0.0 and sj > 0.0 else np.float32(0.0)
+            rj = _rate(state[j, S], gj)
             rate[n] = rj
             n += 1
             kappa += rj * (x * x)
@@ -252,6 +249,16 @@ def online_pass(indptr, indices, values, vpos, labels, weights, order, state, to
     return loss_sum, weight_sum, OK, -1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _rate(sj, gj):
+    """r_j = 1/(s_j·√G_j) of step 3; 0 while G_j = 0, or s_j = 0 (no non-zero of j on this rank:
+    a stored zero, whose x = 0 makes the step 0 whatever the rate, with G_j from the averaging;
+    or, in the catch-up, a warm-start weight no rank's rows hold)."""
+    if gj > 0.0 and sj > 0.0:
+        return np.float32(1.0) / (sj * math.sqrt(gj))
+    return np.float32(0.0)
+
+
 @njit(cache=True, nogil=True)
 def _shrink(state, j, scale, t):
     """Step 6 of the module docstring for feature j: shrink w_j by scale·(t − T_j), clipped at 0."""
@@ -282,9 +289,8 @@ def l1_catch_up(state, t, eta_t, l1):
     with no normalizer at all (s_j = 0: a weight no rank's rows hold, from a warm start) has no
     rate and is not shrunk."""
     for j in range(state.shape[0] - 1):
-        gj = state[j, G]
-        if state[j, W] != 0.0 and gj > 0.0 and state[j, S] > 0.0:
-            rj = np.float32(1.0) / (state[j, S] * math.sqrt(gj))
+        rj = _rate(state[j, S], state[j, G])
+        if state[j, W] != 0.0 and rj > 0.0:
             _shrink(state, j, eta_t * rj * l1, t)
         state[j, T] = t
 
