@@ -8,7 +8,7 @@ export PYTHONHASHSEED := 0
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test test-cluster test-multihost bench dist lint screenshot clean
+.PHONY: demo test test-cluster test-multihost bench dist lint screenshot clean device-wheels device-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -112,6 +112,27 @@ dist/env.tar.gz: $(STAMP) pyproject.toml
 	$(VENV)/bin/venv-pack --quiet --prefix $(DIST_ENV) --format tar.gz --output dist/env.tar.gz.tmp
 	chmod 644 dist/env.tar.gz.tmp && mv dist/env.tar.gz.tmp dist/env.tar.gz
 	rm -rf $(DIST_ENV)
+
+# The hardware check (issue 31; tests/device): `make device-wheels` here puts into .whl/ the wheels
+# the GPU machine lacks (tests/device/wheels.py: pinned to this venv's versions, CPython 3.12,
+# manylinux x86-64) and terascale's own; `make device-check` runs there, in the repository root
+# (no venv, no network: its python3 has numpy, numba-cuda, CuPy, pytest, ...), carrying .whl.
+# Its rehearsal (tiny sizes, numba's CUDA simulator) is part of `make test`.
+DEVICE_WHEELS ?= .whl
+DEVICE_PYTHON ?= python3
+DEVICE_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 \
+	manylinux2014_x86_64 manylinux1_x86_64 manylinux_2_34_x86_64
+
+device-wheels: dist/terascale-$(VERSION)-py3-none-any.whl
+	rm -rf $(DEVICE_WHEELS) && mkdir -p $(DEVICE_WHEELS)
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp $(addprefix --platform ,$(DEVICE_PLATFORMS)) -d $(DEVICE_WHEELS) \
+		$$($(PY) -m tests.device.wheels)
+	cp $< $(DEVICE_WHEELS)/
+	@du -sh $(DEVICE_WHEELS) && ls $(DEVICE_WHEELS)
+
+device-check:
+	$(DEVICE_PYTHON) -m tests.device.check --wheels $(DEVICE_WHEELS)
 
 clean:
 	rm -rf demo-output bench-results .pytest_cache dist build

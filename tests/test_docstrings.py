@@ -23,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "allreduce", "solvers", "jobs")
 #: GUIDE.md §3 numbers its invariants 1..9 (checked against the guide below when it is present).
-GUIDE_INVARIANTS = range(1, 10)
+GUIDE_INVARIANTS = range(1, 11)  # GUIDE §3: 1..10 (10: cost and memory scale as the data does)
 GUIDE = ROOT.parent / "shared" / "GUIDE.md"
 
 #: References known to be broken in files that are being edited elsewhere:

@@ -1,7 +1,7 @@
 """The device under the GPU solvers: detection, device arrays and counted host<->device transfers.
 
-Device arrays are CuPy arrays on a real GPU when CuPy is installed (the ``gpu`` extra,
-``cupy-cuda12x``), else numba.cuda device arrays; under the CUDA simulator
+Device arrays are CuPy arrays on a real GPU when CuPy is installed (the ``gpu-cuda12`` or
+``gpu-cuda13`` extra: ``cupy-cuda12x`` or ``cupy-cuda13x``), else numba.cuda device arrays; under the CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) everything runs on the CPU with numba's device arrays, which is how
 the kernels are tested without a GPU. CuPy is imported only inside the real-GPU code path and
 nothing here touches the driver at import time.
@@ -108,7 +108,7 @@ class Device:
         self.cp = None
         if not simulator_enabled():
             try:
-                import cupy  # optional extra (cupy-cuda12x), only on real-GPU paths
+                import cupy  # optional extra (gpu-cuda12 / gpu-cuda13), only on real-GPU paths
 
                 self.cp = cupy
             except ImportError:

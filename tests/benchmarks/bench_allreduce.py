@@ -99,47 +99,71 @@ def _median_perf(perfs: list[list[dict]]) -> list[dict]:
     ]
 
 
-def main() -> dict:
+def measure(ks: tuple[int, ...] = KS, ciphers: tuple[str, ...] = CIPHERS, rounds: int = ROUNDS,
+            n: int = N, no_overlap_ks: tuple[int, ...] = (2, 4)) -> dict:
+    """Raw loopback and the AllReduce of ``n`` float32 per cipher and K, interleaved over
+    ``rounds`` (see the module docstring); no Spark. ``no_overlap_ks``: the K at which the
+    default cipher also runs without writer threads (only if the default cipher is measured)."""
+    nbytes = n * 4
     load0 = os.getloadavg()[0]
-    variants = [(c, k, True) for c in CIPHERS for k in KS] + [(DEFAULT, k, False) for k in (2, 4)]
+    variants = [(c, k, True) for c in ciphers for k in ks]
+    if DEFAULT in ciphers:
+        variants += [(DEFAULT, k, False) for k in no_overlap_ks]
     raw_times: list[float] = []
     times: dict[tuple, list[float]] = {v: [] for v in variants}
     perfs: dict[tuple, list] = {v: [] for v in variants}
-    for rnd in range(ROUNDS):
-        raw = allreduce_socket.raw_loopback(NBYTES, repeats=REPEATS)
+    for rnd in range(rounds):
+        raw = allreduce_socket.raw_loopback(nbytes, repeats=REPEATS)
         raw_times.append(raw["median_s"])
-        print(f"round {rnd + 1}: raw loopback {NBYTES / raw['median_s'] / 1e9:.2f} GB/s", flush=True)
+        print(f"round {rnd + 1}: raw loopback {nbytes / raw['median_s'] / 1e9:.2f} GB/s", flush=True)
         for cipher, k, overlap in variants:
-            r = allreduce_socket.allreduce_bandwidth(k, n=N, repeats=REPEATS, cipher=cipher,
+            r = allreduce_socket.allreduce_bandwidth(k, n=n, repeats=REPEATS, cipher=cipher,
                                                     overlap=overlap)
             times[(cipher, k, overlap)].extend(r["times_s"])
             perfs[(cipher, k, overlap)].append(r["perf_per_rank"])
             print(f"round {rnd + 1}: {cipher}{'' if overlap else ' (no overlap)'} K={k}: "
                   f"median {r['median_s'] * 1e3:.0f} ms", flush=True)
     raw_s = statistics.median(raw_times)
-    raw_gbps = NBYTES / raw_s / 1e9
+    raw_gbps = nbytes / raw_s / 1e9
     out: dict = {
         "cpu_count": os.cpu_count(),
         "load_average_1m": {"start": load0, "end": os.getloadavg()[0]},
-        "vector_bytes": NBYTES,
-        "rounds": ROUNDS,
-        "calls_per_figure": ROUNDS * REPEATS,
+        "vector_bytes": nbytes,
+        "ks": list(ks),
+        "rounds": rounds,
+        "calls_per_figure": rounds * REPEATS,
         "raw_loopback_gbps": raw_gbps,
         "raw_loopback_seconds": raw_s,
         "crypto_1MiB_single_thread": crypto_throughput(),
         "ciphers": {},
     }
-    for cipher in CIPHERS:
+    for cipher in ciphers:
         entry = {}
-        for k in KS:
+        for k in ks:
             entry[f"k{k}_seconds"] = statistics.median(times[(cipher, k, True)])
             entry[f"k{k}_best_seconds"] = min(times[(cipher, k, True)])
+            entry[f"k{k}_gbps"] = nbytes / entry[f"k{k}_seconds"] / 1e9
             entry[f"k{k}_perf_per_rank"] = _median_perf(perfs[(cipher, k, True)])
-        entry["k2_fraction_of_loopback"] = NBYTES / entry["k2_seconds"] / 1e9 / raw_gbps
+        if 2 in ks:
+            entry["k2_fraction_of_loopback"] = entry["k2_gbps"] / raw_gbps
+        if 2 in ks and max(ks) > 2:
+            entry[f"k{max(ks)}_over_k2_time"] = entry[f"k{max(ks)}_seconds"] / entry["k2_seconds"]
         out["ciphers"][cipher] = entry
-    out["aes-gcm_no_overlap"] = {
-        f"k{k}_seconds": statistics.median(times[(DEFAULT, k, False)]) for k in (2, 4)
-    }
+    if DEFAULT in ciphers and no_overlap_ks:
+        out["aes-gcm_no_overlap"] = {
+            f"k{k}_seconds": statistics.median(times[(DEFAULT, k, False)]) for k in no_overlap_ks
+        }
+    for cipher in ciphers:
+        e = out["ciphers"][cipher]
+        cells = "  ".join(f"K={k} {e[f'k{k}_seconds'] * 1e3:6.0f} ms" for k in ks)
+        share = f" ({e['k2_fraction_of_loopback']:.0%} of loopback at K=2)" if 2 in ks else ""
+        print(f"{cipher:12s} {cells}{share}")
+    print(f"raw loopback {raw_gbps:.2f} GB/s (median)")
+    return out
+
+
+def main() -> dict:
+    out = measure()
     ta = tree_aggregate_seconds()
     gcm = out["ciphers"][DEFAULT]
     out["tree_aggregate"] = ta
@@ -151,11 +175,6 @@ def main() -> dict:
         "k4_speedup_vs_tree_aggregate": {"value": out["k4_speedup_vs_tree_aggregate"], "target": 20.0,
                                          "met": out["k4_speedup_vs_tree_aggregate"] >= 20.0},
     }
-    print(f"raw loopback {raw_gbps:.2f} GB/s (median)")
-    for cipher in CIPHERS:
-        e = out["ciphers"][cipher]
-        print(f"{cipher:12s} K=2 {e['k2_seconds'] * 1e3:6.0f} ms ({e['k2_fraction_of_loopback']:.0%} of "
-              f"loopback)  K=4 {e['k4_seconds'] * 1e3:6.0f} ms  K=8 {e['k8_seconds'] * 1e3:6.0f} ms")
     print(f"treeAggregate K={K_SPARK}: {ta['median_s'] * 1e3:.0f} ms -> aes-gcm K=4 is "
           f"{out['k4_speedup_vs_tree_aggregate']:.1f}x faster (target >= 20x)")
     return out

@@ -14,6 +14,14 @@ gap, the ratio of epochs to the sequential solver's (the price of asynchrony: Pa
 report ~1 for TPA-SCD), the speed-up over the sequential solver, and for the GPU the bytes that
 crossed PCIe each way (``pcie``).
 
+Environment: ``TERASCALE_BENCH_GPU_ROWS`` (rows), ``TERASCALE_BENCH_GPU_EPS`` (the gap, relative
+to P(0)), ``TERASCALE_BENCH_GPU_MAX_ROUNDS`` (rounds at
+most per run), ``TERASCALE_BENCH_GPU_WARMUP_ROWS`` (the warm-up's data) and
+``TERASCALE_BENCH_GPU_CPU_CAP_S``: a CPU run still short of the gap after that many seconds
+stops at the end of its round and reports ``capped`` (its seconds, epochs and gap / P(0) then)
+instead of a time to the gap; its speed-up figures become lower bounds (``*_at_least``). 0 (the
+default): no cap. The GPU run is never capped (a cap reads its state back every round).
+
 ``python -m tests.benchmarks gpu_scd`` (or ``python -m tests.benchmarks.bench_gpu_scd``). Without
 a usable GPU ``main()`` prints why and returns ``{"skipped": reason}``; run as a script it exits
 with status 2.
@@ -28,8 +36,10 @@ from typing import Any
 
 ROWS = int(os.environ.get("TERASCALE_BENCH_GPU_ROWS", "2000000"))
 L2 = 1e-4
-EPS = 1e-4
-MAX_ROUNDS = 300
+EPS = float(os.environ.get("TERASCALE_BENCH_GPU_EPS", "1e-4"))
+MAX_ROUNDS = int(os.environ.get("TERASCALE_BENCH_GPU_MAX_ROUNDS", "300"))
+WARMUP_ROWS = int(os.environ.get("TERASCALE_BENCH_GPU_WARMUP_ROWS", "2000"))
+CPU_CAP_S = float(os.environ.get("TERASCALE_BENCH_GPU_CPU_CAP_S", "0"))
 PROBLEMS = (("logistic", "dual"), ("squared", "dual"), ("squared", "primal"))
 
 
@@ -40,6 +50,23 @@ def _time_to_gap(result, eps: float) -> tuple[float | None, int | None]:
         if row["gap"] is not None and row["gap"] <= eps * p0:
             return float(row["elapsed_s"]), int(row["round"])
     return None, None
+
+
+class _Capped(Exception):
+    """Raised from a CPU run's round callback once it has run ``CPU_CAP_S`` seconds."""
+
+    def __init__(self, row: dict):
+        super().__init__("time cap")
+        self.row = row
+
+
+def _cap(seconds: float):
+    def on_round_end(state) -> None:
+        row = state.history[-1]
+        if row["elapsed_s"] >= seconds:
+            raise _Capped(row)
+
+    return on_round_end
 
 
 def _run(data, loss: str, formulation: str, solver: str) -> dict[str, Any]:
@@ -57,9 +84,18 @@ def _run(data, loss: str, formulation: str, solver: str) -> dict[str, Any]:
         made.append(make_gpu_problem(*args))
         return made[-1]
 
+    capped = solver != "gpu" and CPU_CAP_S > 0
     t = time.perf_counter()
-    res = train_cocoa(data, LocalCommunicator(), p,
-                      make_problem=gpu_problem if solver == "gpu" else None)
+    try:
+        res = train_cocoa(data, LocalCommunicator(), p, _cap(CPU_CAP_S) if capped else None,
+                          make_problem=gpu_problem if solver == "gpu" else None)
+    except _Capped as stop:
+        row = stop.row
+        return {"threads": threads, "seconds_to_gap": None, "epochs_to_gap": None,
+                "wall_s": time.perf_counter() - t,
+                "capped": {"seconds": float(row["elapsed_s"]), "epochs": int(row["round"]),
+                           "gap_over_p0": float(row["gap"]) / float(row["primal"] or 1.0)
+                           if row["gap"] is not None else None}}
     wall = time.perf_counter() - t
     seconds, epochs = _time_to_gap(res, EPS)
     out = {"threads": threads if solver != "gpu" else None, "seconds_to_gap": seconds,
@@ -67,6 +103,20 @@ def _run(data, loss: str, formulation: str, solver: str) -> dict[str, Any]:
            "primal": res.primal}
     if made:  # host<->device bytes, set-up (the data) included; per round: 16 x shared_len + 48
         out["pcie"] = {**made[0].solver.traffic(), "shared_bytes": 8 * made[0].shared_len}
+    return out
+
+
+def ratios(run: dict, ref: dict, name: str) -> dict[str, float | None]:
+    """``speedup_vs_<name>`` (ref's seconds to the gap over run's) and ``epochs_vs_<name>`` (run's
+    epochs over ref's); when ref was capped and run was not, ``speedup_vs_<name>_at_least``
+    (ref's capped seconds over run's): ref needs more than that. None where undefined."""
+    out: dict[str, float | None] = {f"speedup_vs_{name}": None, f"epochs_vs_{name}": None}
+    if run.get("seconds_to_gap") and ref.get("seconds_to_gap"):
+        out[f"speedup_vs_{name}"] = ref["seconds_to_gap"] / run["seconds_to_gap"]
+        out[f"epochs_vs_{name}"] = run["epochs_to_gap"] / ref["epochs_to_gap"]
+    elif run.get("seconds_to_gap") and "capped" in ref:
+        out[f"speedup_vs_{name}_at_least"] = ref["capped"]["seconds"] / run["seconds_to_gap"]
+        out[f"epochs_vs_{name}_at_most"] = run["epochs_to_gap"] / ref["capped"]["epochs"]
     return out
 
 
@@ -78,7 +128,7 @@ def _warm_up() -> None:
     from terascale.solvers.scd.params import CocoaParams
     from tests.benchmarks.bench_scd import click_data
 
-    small = click_data(2_000)
+    small = click_data(WARMUP_ROWS)
     for loss, formulation in PROBLEMS:
         for threads in (1, 2):
             p = CocoaParams(loss=loss, formulation=formulation, l2=L2, max_rounds=2, threads=threads)
@@ -100,19 +150,18 @@ def main() -> dict:
     data = click_data(ROWS)
     figures: dict[str, Any] = {"device": reason, "rows": data.n_rows, "features": data.n_features,
                                "nnz": data.nnz, "cores": os.cpu_count(), "l2": L2, "eps": EPS,
-                               "problems": {}}
+                               "max_rounds": MAX_ROUNDS, "cpu_cap_s": CPU_CAP_S, "problems": {}}
     for loss, formulation in PROBLEMS:
         runs = {s: _run(data, loss, formulation, s) for s in ("cpu_seq", "cpu_threads", "gpu")}
-        seq = runs["cpu_seq"]
-        for r in runs.values():
-            r["speedup_vs_seq"] = (seq["seconds_to_gap"] / r["seconds_to_gap"]
-                                   if seq["seconds_to_gap"] and r["seconds_to_gap"] else None)
-            r["epochs_vs_seq"] = (r["epochs_to_gap"] / seq["epochs_to_gap"]
-                                  if seq["epochs_to_gap"] and r["epochs_to_gap"] else None)
+        for name, r in runs.items():
+            r.update(ratios(r, runs["cpu_seq"], "seq"))
+            if name == "gpu":
+                r.update(ratios(r, runs["cpu_threads"], "threads"))
         figures["problems"][f"{loss}_{formulation}"] = runs
         print(f"  {loss}/{formulation}: " + ", ".join(
-            f"{s} {r['seconds_to_gap']} s / {r['epochs_to_gap']} epochs" for s, r in runs.items()),
-            flush=True)
+            f"{s} {r['seconds_to_gap']} s / {r['epochs_to_gap']} epochs"
+            + (f" (capped at {r['capped']['seconds']:.0f} s)" if "capped" in r else "")
+            for s, r in runs.items()), flush=True)
     figures["bench_seconds"] = time.perf_counter() - t0
     return figures
 

@@ -65,60 +65,69 @@ def _online_run(csr, threads, consume=False):
                     PassTracker(solver_comm, inputs, loss_id, 0, threads=threads), threads=threads)
 
 
-def online_pass_rates(dataset_dir: str, repeats: int = 4) -> dict:
-    """Part (a) of the module docstring."""
-    from terascale.pipeline.dataset import read_dataset
+def online_rates(csr, counts: tuple[int, ...], repeats: int) -> dict:
+    """The online pass alone on ``csr`` with each thread count in ``counts``, interleaved
+    (``counts`` in order, ``repeats`` times, after one untimed warm pass each): per count the
+    seconds of every timed pass, their progressive losses, and for T > 1 the relabelling and
+    its undoing timed apart (part (a) of the module docstring, for any thread counts)."""
     from terascale.solvers.online import OnlineLearner
     from terascale.solvers.threads import RowThreads
 
-    csr, _ = read_dataset(dataset_dir)
-    work = int(csr.nnz) + int(csr.n_rows)
-    pools = {t: RowThreads(t) for t in (1, 2)}
-    # T = 2 on data handed over: the hot-feature replicas (solvers.hot); the relabelling before the
+    pools = {t: RowThreads(t) for t in counts}
+    # T > 1 on data handed over: the hot-feature replicas (solvers.hot); the relabelling before the
     # first pass and its undoing after the phase are timed apart from the pass
-    runs = {t: _online_run(csr, pools[t], consume=t > 1) for t in (1, 2)}
-    seconds: dict[int, list[float]] = {1: [], 2: []}
-    progressive: dict[int, list[float]] = {1: [], 2: []}
-    relabel_s: list[float] = []
-    unlabel_s: list[float] = []
-    hot_features = 0
+    runs = {t: _online_run(csr, pools[t], consume=t > 1) for t in counts}
+    out = {t: {"seconds": [], "progressive_loss": [], "relabel_seconds": [], "unlabel_seconds": [],
+               "hot_features": 0} for t in counts}
 
     def one_pass(t: int, timed: bool) -> None:
-        nonlocal hot_features
         learner = OnlineLearner(runs[t])  # a fresh zero state
         s = runs[t].inputs.train
+        rec = out[t]
         if learner.hot is not None:
-            hot_features = int(learner.hot.hot_ids.shape[0])
+            rec["hot_features"] = int(learner.hot.hot_ids.shape[0])
             t0 = time.perf_counter()
             learner.hot.relabel(s, pools[t])
             if timed:
-                relabel_s.append(time.perf_counter() - t0)
+                rec["relabel_seconds"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         loss_sum, weight_sum, problem = learner._local_pass(1)
         if timed:
-            seconds[t].append(time.perf_counter() - t0)
-            progressive[t].append(loss_sum / weight_sum)
+            rec["seconds"].append(time.perf_counter() - t0)
+            rec["progressive_loss"].append(loss_sum / weight_sum)
         assert problem is None, problem
         t0 = time.perf_counter()
         learner.close()  # the shard's feature ids back
         if timed and learner.hot is not None:
-            unlabel_s.append(time.perf_counter() - t0)
+            rec["unlabel_seconds"].append(time.perf_counter() - t0)
 
     try:
-        for t in (1, 2):  # warm: compile / load the kernels, start the pool's threads
+        for t in counts:  # warm: compile / load the kernels, start the pool's threads
             one_pass(t, False)
         for _ in range(repeats):
-            for t in (1, 2):
+            for t in counts:
                 one_pass(t, True)
     finally:
         for p in pools.values():
             p.close()
+    return out
+
+
+def online_pass_rates(dataset_dir: str, repeats: int = 4) -> dict:
+    """Part (a) of the module docstring."""
+    from terascale.pipeline.dataset import read_dataset
+
+    csr, _ = read_dataset(dataset_dir)
+    work = int(csr.nnz) + int(csr.n_rows)
+    rates = online_rates(csr, (1, 2), repeats)
+    seconds = {t: rates[t]["seconds"] for t in (1, 2)}
+    relabel_s, unlabel_s = rates[2]["relabel_seconds"], rates[2]["unlabel_seconds"]
     out = {"rows": int(csr.n_rows), "nnz": int(csr.nnz), "work_per_pass": work, "repeats": repeats}
     for t in (1, 2):
         out[f"threads_{t}"] = {"seconds": seconds[t], "best_nnz_per_s": work / min(seconds[t]),
                                "median_nnz_per_s": work / statistics.median(seconds[t]),
-                               "progressive_loss": progressive[t]}
-    out["hot_features"] = hot_features
+                               "progressive_loss": rates[t]["progressive_loss"]}
+    out["hot_features"] = rates[2]["hot_features"]
     out["relabel_seconds"] = relabel_s
     out["unlabel_seconds"] = unlabel_s
     out["speedup_best"] = min(seconds[1]) / min(seconds[2])
@@ -128,7 +137,6 @@ def online_pass_rates(dataset_dir: str, repeats: int = 4) -> dict:
     out["speedup_median_with_relabel"] = statistics.median(seconds[1]) / (statistics.median(seconds[2]) + once)
     out["meets_target"] = out["speedup_median"] >= 1.7
     return out
-
 
 
 def train_job(dataset_dir: str, model_dir: str, workers: int, threads: int, extra: list[str] = ()) -> dict:
