@@ -76,6 +76,17 @@ def test_a_tree_is_measured_whole_orphans_and_short_lived_processes_included(tmp
     assert r["min_free_disk_bytes"] <= r["free_disk_before_bytes"]
 
 
+def test_a_partial_run_never_replaces_a_whole_one(tmp_path):
+    from tests.benchmarks.scale_figures import merge_run
+
+    path = tmp_path / "scale.json"
+    for run in ({"rows": 30, "stop_after": "score", "v": 1}, {"rows": 4, "stop_after": "score", "v": 2},
+                {"rows": 30, "stop_after": "train", "v": 3}, {"rows": 4, "stop_after": "score", "v": 4}):
+        path.write_text(json.dumps(merge_run(path, run)))
+    runs = json.loads(path.read_text())["runs"]
+    assert list(runs) == ["4", "30", "30:train"] and [r["v"] for r in runs.values()] == [4, 1, 3]
+
+
 def test_a_run_that_does_not_fit_the_disk_is_refused_before_anything_is_written(tmp_path):
     free, _ = scale_disk.free_and_total(str(tmp_path))
     rows = free // scale_disk.PER_TRAIN_ROW + 1
@@ -173,12 +184,12 @@ def test_quality_is_against_the_bayes_loss_of_the_same_rows(scale_run):
 @pytest.mark.slow
 def test_data_is_removed_unless_kept_and_runs_of_each_size_accumulate(scale_run):
     results, res, left = scale_run
-    assert list(res["runs"]) == ["3000", str(ROWS)]  # merged, ordered by N
+    assert list(res["runs"]) == ["3000:generate", str(ROWS)]  # merged, ordered by N
     assert res["runs"][str(ROWS)]["removed"] == ["raw", "data", "pred", "score-input.tsv", "scores.txt"]
     assert left == ["_scale_bench.json", "logs", "metrics.json", "model"]
     d = res["runs"][str(ROWS)]["disk"]
     assert d["raw_gzip_bytes"] > 0 and d["featurized_bytes"] > 0 and d["estimate_bytes"] > d["raw_gzip_bytes"]
-    kept = res["runs"]["3000"]
+    kept = res["runs"]["3000:generate"]
     assert kept["removed"] == [] and set(kept["stages"]) == {"generate", "generate_test"}
     work = results / "work"
     assert sorted(p.name for p in work.iterdir()) == ["_scale_bench.json", "logs", "raw"]

@@ -45,6 +45,13 @@ def split_argv(argv: list[str]) -> list[tuple[str, list[str]]]:
     return runs
 
 
+def _explicit_only(name: str) -> bool:
+    try:
+        return bool(getattr(_module(name), "EXPLICIT_ONLY", False))
+    except Exception:  # noqa: BLE001 - it fails again, with its traceback, when it runs
+        return False
+
+
 def _takes_argv(name: str) -> bool:
     return bool(inspect.signature(_module(name).main).parameters)
 
@@ -56,7 +63,7 @@ def main(argv: list[str]) -> int:
         print(f"usage: python -m tests.benchmarks [NAME ...] [NAME --option ...]: {e}", file=sys.stderr)
         return 2
     if not runs:
-        runs = [(n, []) for n in available() if not getattr(_module(n), "EXPLICIT_ONLY", False)]
+        runs = [(n, []) for n in available() if not _explicit_only(n)]
     unknown = sorted({n for n, _ in runs} - set(available()))
     if unknown:
         print(f"unknown benchmark(s) {unknown}; available: {available()}", file=sys.stderr)

@@ -32,7 +32,8 @@ removed unless ``--keep``; the model, the metrics and the logs (``logs/<stage>.o
 
 Results: ``bench-results/scale.json``, ``{"benchmark": "scale", "runs": {"<N>": run}}``: a run
 replaces the earlier run of the same N and leaves the others, so the runs of the scale curve
-(item 2) accumulate in one file. A failed stage is recorded in its run (``failed``) and exits 1.
+(item 2) accumulate in one file; a run cut short by ``--stop-after STAGE`` goes under
+``"<N>:STAGE"`` and never replaces a whole run. A failed stage is recorded in its run (``failed``) and exits 1.
 """
 
 from __future__ import annotations

@@ -119,9 +119,17 @@ def quality_figures(metrics: dict, truth: dict) -> dict:
     return out
 
 
+def run_key(run: dict) -> str:
+    """``"N"`` for a run of every stage, ``"N:STAGE"`` for one stopped after STAGE."""
+    stop = run.get("stop_after", "score")
+    return str(run["rows"]) if stop == "score" else f"{run['rows']}:{stop}"
+
+
 def merge_run(path: Path, run: dict) -> dict:
-    """``path``'s results (``{"benchmark": "scale", "runs": {N: run}}``) with ``run`` put under
-    its ``rows``: a run of another N is added, one of the same N replaced. The caller writes it."""
+    """``path``'s results (``{"benchmark": "scale", "runs": {key: run}}``) with ``run`` put under
+    its :func:`run_key`: a run of another N (or stopped after another stage) is added, one with
+    the same key replaced, so a partial run never replaces a whole one; ordered by N. The caller
+    writes it."""
     old: dict = {}
     if path.exists():
         try:
@@ -129,8 +137,13 @@ def merge_run(path: Path, run: dict) -> dict:
         except ValueError:
             old = {}
     runs = old.get("runs") if isinstance(old.get("runs"), dict) else {}
-    runs[str(run["rows"])] = run
-    ordered = dict(sorted(runs.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else math.inf))
+    runs[run_key(run)] = run
+
+    def order(key: str) -> tuple:
+        n, _, stop = key.partition(":")
+        return (int(n) if n.isdigit() else math.inf, stop)
+
+    ordered = dict(sorted(runs.items(), key=lambda kv: order(kv[0])))
     return {"benchmark": "scale", "schema": 1, "runs": ordered}
 
 
