@@ -8,7 +8,7 @@ export PYTHONHASHSEED := 0
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test test-cluster test-multihost bench dist lint screenshot clean device-wheels device-check
+.PHONY: demo test test-cluster test-multihost bench bench-scale dist lint screenshot clean device-wheels device-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,12 @@ test-multihost: $(STAMP) dist
 
 bench: $(BENCH_STAMP)
 	$(PY) -m tests.benchmarks
+
+# the whole pipeline at ROWS rows, every stage measured (tests/benchmarks/bench_scale.py):
+# bench-results/scale.json; at the default 100M rows it needs about 42 GB of disk and hours
+ROWS ?= 100000000
+bench-scale: $(STAMP)
+	$(PY) -m tests.benchmarks scale --rows $(ROWS)
 
 # look at a training report as a person would: headless Chromium (Debian's chromium package)
 REPORT ?= demo-output/model/report.html
