@@ -34,6 +34,7 @@ import io
 import json
 import logging
 import re
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -189,14 +190,14 @@ def save(directory: str, pass_no: int, state: dict, attempt: int = 0, keep: int 
     rest = {k: v for k, v in state.items() if k not in arrays}
     fsutil.makedirs(directory)
     e = Entry(pass_no, attempt, directory)
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    blob = buf.getvalue()
     tag = f"a{attempt}"
-    durable.write_bytes(e.npz, blob, tag=tag)
+    npz = _HashingWriter()
+    # streamed array by array into the file: the checkpoint never sits whole in memory (rank 0
+    # writes it, and its memory budget holds the state, not a second copy of it)
+    durable.write_stream(e.npz, lambda out: _write_npz(npz.into(out), arrays), tag=tag)
     manifest = {
         "format": FORMAT, "pass": pass_no, "attempt": attempt,
-        "npz": {"name": e.stem + ".npz", "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()},
+        "npz": {"name": e.stem + ".npz", "bytes": npz.size, "sha256": npz.sha256.hexdigest()},
         "state_sha256": _state_digest(rest), "state": rest,
     }
     data = json.dumps(manifest, default=_default).encode()
@@ -204,6 +205,39 @@ def save(directory: str, pass_no: int, state: dict, attempt: int = 0, keep: int 
     durable.write_bytes(e.manifest, data, tag=tag)  # lands last: the checkpoint now exists
     _prune(directory, attempt, keep, root)
     return e.manifest
+
+
+def _write_npz(out, arrays: dict[str, np.ndarray]) -> None:
+    """``np.savez``'s format (one ``<name>.npy`` member per array, uncompressed, zip64), written
+    front to back into ``out``, each array straight from its buffer."""
+    with zipfile.ZipFile(out, "w", allowZip64=True) as z:
+        for name, value in arrays.items():
+            with z.open(name + ".npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(value), allow_pickle=False)
+
+
+class _HashingWriter:
+    """A write-only binary stream that passes its bytes on and counts and hashes them
+    (no ``tell`` / ``seek``: zipfile then writes the ``.npz`` front to back)."""
+
+    def __init__(self):
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+        self.out = None
+
+    def into(self, out) -> _HashingWriter:
+        self.out = out
+        return self
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self.sha256.update(view)
+        self.size += view.nbytes
+        self.out.write(view)
+        return view.nbytes
+
+    def flush(self) -> None:
+        pass
 
 
 def _prune(directory: str, attempt: int, keep: int, root: str) -> None:

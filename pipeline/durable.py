@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 from terascale.pipeline import fsutil
 
@@ -82,11 +84,17 @@ def write_bytes(path: str, data: bytes, tag: str = "") -> None:
     Readers see the old file or the new one, never a partial one; after a crash either stays
     whole. The temporary file is removed when the write fails.
     """
+    write_stream(path, lambda out: out.write(data), tag)
+
+
+def write_stream(path: str, produce: Callable[[Any], object], tag: str = "") -> None:
+    """:func:`write_bytes` for data made piece by piece: ``produce(out)`` writes into ``out``
+    (a binary output stream, not seekable) and the whole never has to be in memory at once."""
     fs, inner = fsutil.resolve(path)
     tmp = unique_tmp(inner, tag)
     try:
         with fs.open_output_stream(tmp) as out:
-            out.write(data)
+            produce(out)
         if is_local(path):
             fsync_file(tmp)
         fs.move(tmp, inner)

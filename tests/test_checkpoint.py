@@ -42,6 +42,26 @@ def test_save_keeps_two_verified_checkpoints_named_by_attempt(tmp_path):
     assert state["history"] == want["history"] and state["intercept"] == 0.75
 
 
+def test_a_checkpoint_is_streamed_to_its_file_not_built_in_memory(tmp_path):
+    """Rank 0 writes the checkpoints: its memory must hold the state, not a second copy of the
+    file (numpy reports its buffers to tracemalloc, so a BytesIO of the whole ``.npz`` shows)."""
+    import tracemalloc
+
+    d = str(tmp_path / "ck")
+    big = np.arange(1 << 24, dtype=np.float64)  # 128 MiB
+    state = {**_state(1), "weights": big}
+    tracemalloc.start()
+    try:
+        checkpoint.save(d, 1, state, attempt=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < big.nbytes // 3, peak  # a few 16 MiB write buffers at most
+    entry, loaded, _ = checkpoint.newest(d, 0)
+    assert entry.pass_no == 1 and loaded["weights"].tobytes() == big.tobytes()
+    assert loaded["G"].tobytes() == state["G"].tobytes() and loaded["history"] == state["history"]
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip", "drop_npz", "drop_json", "garbage_json", "edit_json"])
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_with_a_warning(tmp_path, caplog, damage):
     d = tmp_path / "ck"
