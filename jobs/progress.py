@@ -7,8 +7,14 @@ driver (:class:`ProgressMonitor`) polls both and shows them: a one-line progress
 place on a terminal, plain log lines otherwise (one per pass, and every ``log_every_s`` during
 pass 1), so batch logs under spark-submit or Airflow stay readable.
 
-The ETA is for the pass budget (``train.passes``): tolerance or early stopping can end
-training sooner, so it is an upper bound and shown as such.
+**The ETA** is for the pass budget (``train.passes``): tolerance or early stopping can end
+training sooner, so it is an upper bound and shown as such (``ETA ≤``). Its pass time leaves
+the start-up out (Spark's task launch, reading the shard): during pass 1 it is the row rate
+between the first heartbeat that counted rows and now; after a pass, the last pass's own
+seconds as rank 0 measured them (``pass_s``). A regularization path (``train.l2=auto``) has a
+budget per step and a number of steps it rarely runs to the end (it stops by patience), so
+its line names the step (``λ step k/n``) and its ETA bounds the step's budget (``this step``),
+not that of every step, which would be n times the run's real length.
 """
 
 from __future__ import annotations
@@ -34,12 +40,18 @@ def write_pass(directory: str, state: dict, tag: str = "") -> None:
     older attempt never shares one with the new attempt's rank 0)."""
     history = state.get("history") or []
     last = history[-1] if history else {}
+    before = history[-2].get("elapsed_s") if len(history) > 1 else 0.0
     fsutil.makedirs(directory)
     body = {
         "pass": int(state.get("pass", len(history))),
         "objective": last.get("objective"),
         "holdout_loss": last.get("holdout_loss"),
         "elapsed_s": last.get("elapsed_s"),
+        # the last pass's own seconds (rank 0's clock): the ETA's pass time, start-up left out
+        "pass_s": last["elapsed_s"] - before if last.get("elapsed_s") is not None and before is not None else None,
+        "path_step": last.get("path_step"),  # a regularization path: the step, its pass, the steps
+        "step_pass": last.get("step_pass"),
+        "path_steps": len(state["path_values"]) if state.get("path_values") else None,
         "written": time.time(),
     }
     durable.write_bytes(fsutil.join(directory, FILE), json.dumps(body, indent=2).encode() + b"\n", tag=tag)
@@ -56,7 +68,7 @@ def read_pass(directory: str) -> dict | None:
 class Snapshot:
     """What the console shows at one moment."""
 
-    passes: int  # the pass budget
+    passes: int  # the pass budget (a path: every step's)
     rows: int  # training rows in one pass (all shards)
     done_pass: int = 0  # completed passes
     rows_done: int = 0  # rows of pass 1 done so far (all shards)
@@ -64,24 +76,63 @@ class Snapshot:
     holdout_loss: float | None = None
     elapsed_s: float = 0.0  # since training started
     attempt: int = 1
+    step_passes: int = 0  # a path: each step's budget (0: no path)
+    pass_s: float | None = None  # the last completed pass's seconds (rank 0's)
+    path_step: int | None = None  # a path: the step of the last completed pass (0-based)
+    step_pass: int | None = None  # ... and its pass within the step
+    path_steps: int | None = None
+    #: pass 1's first heartbeat that counted rows: (elapsed_s, rows_done) then, the rate's start
+    rate_start: tuple[float, int] | None = None
+
+    def note_rows(self, rows_done: int) -> None:
+        """Pass 1's rows so far (from the heartbeats) at ``elapsed_s``."""
+        self.rows_done = max(self.rows_done, rows_done)
+        if self.rate_start is None and self.rows_done > 0:
+            self.rate_start = (self.elapsed_s, self.rows_done)
+
+    def _pass1_rate(self) -> float | None:
+        """Rows per second of pass 1 since its first counted rows (start-up excluded)."""
+        if self.rate_start is None:
+            return None
+        t0, r0 = self.rate_start
+        if self.rows_done <= r0 or self.elapsed_s <= t0:
+            return None
+        return (self.rows_done - r0) / (self.elapsed_s - t0)
+
+    def _passes_left(self) -> int:
+        """Passes still in the budget the ETA bounds: the run's, or a path step's."""
+        if self.step_passes and self.path_step is not None:
+            return max(self.step_passes - (self.step_pass or 0), 0)
+        budget = self.step_passes or self.passes
+        return max(budget - self.done_pass, 0)
 
     def eta_s(self) -> float | None:
-        if self.done_pass >= 1 and self.elapsed_s > 0:
-            return self.elapsed_s / self.done_pass * max(self.passes - self.done_pass, 0)
-        if self.rows_done > 0 and self.rows and self.elapsed_s > 0:  # pass 1: its row rate
-            per_pass = self.elapsed_s * self.rows / self.rows_done
-            return per_pass * self.passes - self.elapsed_s
+        if self.done_pass >= 1:
+            per_pass = self.pass_s if self.pass_s else (self.elapsed_s / self.done_pass if self.elapsed_s > 0 else None)
+            return None if per_pass is None else per_pass * self._passes_left()
+        rate = self._pass1_rate()
+        if rate and self.rows:  # pass 1: the rest of it, then the budget's other passes
+            budget = self.step_passes or self.passes
+            return max(self.rows - self.rows_done, 0) / rate + (budget - 1) * self.rows / rate
         return None
 
     def fraction(self) -> float:
         within = 0.0 if self.done_pass or not self.rows else min(self.rows_done / self.rows, 1.0)
-        return min((self.done_pass + within) / max(self.passes, 1), 1.0)
+        if self.step_passes and self.path_step is not None and self.path_steps:
+            step_done = min((self.step_pass or 0) / self.step_passes, 1.0)
+            return min((self.path_step + step_done) / self.path_steps, 1.0)
+        return min((self.done_pass + within) / max(self.step_passes or self.passes, 1), 1.0)
 
     def text(self) -> str:
+        budget = self.step_passes or self.passes
         if self.done_pass == 0:  # pass 1 running: its rows so far
-            parts = [f"pass 1/{self.passes}", f"rows {self.rows_done:,}/{self.rows:,}"]
+            parts = [f"pass 1/{budget}", f"rows {self.rows_done:,}/{self.rows:,}"]
+        elif self.step_passes and self.path_step is not None:  # a path: the step and its pass
+            parts = [f"λ step {self.path_step + 1}/{self.path_steps or '?'}",
+                     f"pass {self.step_pass}/{self.step_passes} done ({self.done_pass} in all)",
+                     f"rows {self.rows:,}/pass"]
         else:  # the numbers of the last completed pass
-            parts = [f"pass {self.done_pass}/{self.passes} done", f"rows {self.rows:,}/pass"]
+            parts = [f"pass {self.done_pass}/{budget} done", f"rows {self.rows:,}/pass"]
         if self.objective is not None:
             parts.append(f"objective {self.objective:.6g}")
         if self.holdout_loss is not None:
@@ -89,7 +140,8 @@ class Snapshot:
         eta = self.eta_s()
         parts.append(f"elapsed {_duration(self.elapsed_s)}")
         if eta is not None:
-            parts.append(f"ETA ≤ {_duration(eta)}")
+            path = self.step_passes and self.path_step is not None
+            parts.append(f"ETA ≤ {_duration(eta)}" + (" (this step)" if path else ""))
         if self.attempt > 1:
             parts.append(f"attempt {self.attempt}")
         return ", ".join(parts)
@@ -109,12 +161,15 @@ class ProgressMonitor:
     """Polls the tree server (pass 1) and rank 0's progress file; renders to ``stream``."""
 
     def __init__(self, checkpoint_dir: str, passes: int, rows: int, stream: TextIO | None = None,
-                 interval_s: float = 1.0, log_every_s: float = 30.0, tty: bool | None = None) -> None:
+                 interval_s: float = 1.0, log_every_s: float = 30.0, tty: bool | None = None,
+                 step_passes: int = 0) -> None:
+        """``passes``: the run's pass budget; ``step_passes``: a regularization path's budget
+        per step (0: the run is not a path)."""
         self.dir = checkpoint_dir
         self.stream = stream if stream is not None else sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self.interval_s, self.log_every_s = interval_s, log_every_s
-        self.snap = Snapshot(passes=max(int(passes), 1), rows=int(rows))
+        self.snap = Snapshot(passes=max(int(passes), 1), rows=int(rows), step_passes=int(step_passes))
         self._server = None
         self._t0 = time.monotonic()
         self._stop = threading.Event()
@@ -141,6 +196,7 @@ class ProgressMonitor:
         self._server = server
         self.snap.attempt = attempt + 1
         self.snap.rows_done = 0
+        self.snap.rate_start = None
 
     def poll(self) -> Snapshot:
         s = self.snap
@@ -148,13 +204,15 @@ class ProgressMonitor:
         if rec is not None and int(rec.get("pass", 0)) >= s.done_pass:
             s.done_pass = int(rec["pass"])
             s.objective, s.holdout_loss = rec.get("objective"), rec.get("holdout_loss")
+            s.pass_s, s.path_step = rec.get("pass_s"), rec.get("path_step")
+            s.step_pass, s.path_steps = rec.get("step_pass"), rec.get("path_steps")
+        s.elapsed_s = time.monotonic() - self._t0
         server = self._server
         if server is not None and s.done_pass == 0:
             best: dict[int, int] = {}
             for r in server.progress():
                 best[r.shard] = max(best.get(r.shard, 0), r.rows_done)
-            s.rows_done = max(s.rows_done, sum(best.values()))
-        s.elapsed_s = time.monotonic() - self._t0
+            s.note_rows(sum(best.values()))
         self._render()
         return s
 

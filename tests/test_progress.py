@@ -24,21 +24,45 @@ def _state(pass_no: int, objective: float, holdout: float | None = None) -> dict
 
 
 def test_snapshot_eta_and_text():
-    s = Snapshot(passes=10, rows=1000, rows_done=250, elapsed_s=5.0)
-    # pass 1 at 250 rows in 5 s: 20 s per pass, 10 passes -> 200 s in all, 195 s to go
-    assert s.eta_s() == pytest.approx(195.0)
-    assert s.fraction() == pytest.approx(0.025)
-    assert s.text() == "pass 1/10, rows 250/1,000, elapsed 0:05, ETA ≤ 3:15"
+    s = Snapshot(passes=10, rows=1000)
+    s.elapsed_s = 30.0  # start-up: Spark, the shard read; no rows counted yet, no ETA
+    s.note_rows(0)
+    assert s.eta_s() is None
+    s.elapsed_s = 32.0
+    s.note_rows(100)  # the first counted rows: where the rate starts, still no ETA
+    assert s.eta_s() is None
+    s.elapsed_s = 36.0
+    s.note_rows(500)
+    # 400 rows in 4 s: 10 s a pass; 500 rows to go (5 s) and 9 more passes (90 s)
+    assert s.eta_s() == pytest.approx(95.0)
+    assert s.fraction() == pytest.approx(0.05)
+    assert s.text() == "pass 1/10, rows 500/1,000, elapsed 0:36, ETA ≤ 1:35"
     s = Snapshot(passes=10, rows=1000, done_pass=4, objective=0.41234567, holdout_loss=0.5,
-                 elapsed_s=40.0, attempt=2)
-    assert s.eta_s() == pytest.approx(60.0)
+                 elapsed_s=40.0, attempt=2, pass_s=8.0)
+    assert s.eta_s() == pytest.approx(48.0)  # the last pass's own seconds, not elapsed / passes
     assert s.fraction() == pytest.approx(0.4)
     assert s.text() == ("pass 4/10 done, rows 1,000/pass, objective 0.412346, held-out 0.5, elapsed 0:40, "
-                        "ETA ≤ 1:00, attempt 2")
+                        "ETA ≤ 0:48, attempt 2")
+    assert Snapshot(passes=10, rows=1, done_pass=4, elapsed_s=40.0).eta_s() == pytest.approx(60.0)
     done = Snapshot(passes=3, rows=10, done_pass=3, elapsed_s=3725.0)
     assert done.text().startswith("pass 3/3 done") and "elapsed 1:02:05" in done.text()
     assert Snapshot(passes=3, rows=10).eta_s() is None
     assert bar(0.5, width=10) == "[#####-----]  50.0%"
+
+
+def test_a_paths_eta_bounds_its_step_not_every_step():
+    # l2=auto: 8 steps of 20 passes each; step 2 (index 1) has done 3 of its passes, 2 s each
+    s = Snapshot(passes=160, rows=1000, step_passes=20, done_pass=12, path_step=1, step_pass=3,
+                 path_steps=8, pass_s=2.0, elapsed_s=50.0)
+    assert s.eta_s() == pytest.approx(34.0)  # 17 passes of this step, not 148 of the path
+    assert s.fraction() == pytest.approx((1 + 3 / 20) / 8)
+    assert s.text() == ("λ step 2/8, pass 3/20 done (12 in all), rows 1,000/pass, elapsed 0:50, "
+                        "ETA ≤ 0:34 (this step)")
+    first = Snapshot(passes=160, rows=1000, step_passes=20, elapsed_s=10.0)
+    first.note_rows(100)
+    first.elapsed_s = 11.0
+    first.note_rows(200)  # 100 rows/s: 8 s to the end of pass 1, 19 more passes of the step
+    assert first.eta_s() == pytest.approx(8.0 + 190.0) and first.text().startswith("pass 1/20,")
 
 
 def test_progress_file_roundtrip(tmp_path):
@@ -47,6 +71,13 @@ def test_progress_file_roundtrip(tmp_path):
     write_pass(d, _state(3, 0.25, holdout=0.3))
     rec = read_pass(d)
     assert (rec["pass"], rec["objective"], rec["holdout_loss"], rec["elapsed_s"]) == (3, 0.25, 0.3, 3.0)
+    assert (rec["pass_s"], rec["path_step"], rec["step_pass"], rec["path_steps"]) == (1.0, None, None, None)
+    path = _state(5, 0.5)  # a path's state: global history entries carry the step and its pass
+    for i, e in enumerate(path["history"]):
+        e.update(path_step=i // 3, step_pass=i % 3 + 1, elapsed_s=2.0 * (i + 1))
+    write_pass(d, {**path, "path_values": [1e-4, 2.7e-5, 7.2e-6]})
+    rec = read_pass(d)
+    assert (rec["pass"], rec["pass_s"], rec["path_step"], rec["step_pass"], rec["path_steps"]) == (5, 2.0, 1, 2, 3)
 
 
 def test_monitor_shows_pass1_heartbeats_then_passes_as_log_lines(tmp_path, caplog):
