@@ -84,9 +84,12 @@ def _machine() -> dict:
     except OSError:
         out["cpu"] = None
     if shutil.which("nvidia-smi"):
-        q = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm",
-                            "--format=csv,noheader"], capture_output=True, text=True, timeout=60)
-        out["gpus"] = [ln.strip() for ln in q.stdout.splitlines() if ln.strip()] or q.stderr.strip()
+        try:
+            q = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm",
+                                "--format=csv,noheader"], capture_output=True, text=True, timeout=60)
+            out["gpus"] = [ln.strip() for ln in q.stdout.splitlines() if ln.strip()] or q.stderr.strip()
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            out["gpus"] = f"nvidia-smi failed: {exc}"
     else:
         out["gpus"] = "nvidia-smi not found"
     return out
@@ -96,7 +99,10 @@ def _versions(env: dict) -> dict:
     code = ("import json, importlib.metadata as m\nout = {}\nfor n in " + repr(VERSIONS) + ":\n"
             "    try: out[n] = m.version(n)\n    except m.PackageNotFoundError: out[n] = None\n"
             "print(json.dumps(out))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": str(exc)}
     return json.loads(proc.stdout) if proc.returncode == 0 else {"error": proc.stderr[-500:]}
 
 
