@@ -50,7 +50,9 @@ def train(data: CSRData, comm: Communicator, params: SolverParams | None = None,
     rank (a featurized dataset's group map, ``pipeline.groups``): L-BFGS then adds the
     field-level coarse correction to its preconditioner (``lbfgs_coarse``). ``consume_data``:
     the caller hands ``data`` over; L-BFGS then renumbers its index array in place for its
-    working table instead of copying it (4 bytes per non-zero less at the peak), so
+    working table instead of copying it (4 bytes per non-zero less at the peak; a file-backed
+    shard is renumbered in its file and keeps streaming), once per call, a regularization path
+    included (its steps share the table, :func:`solvers.local_table.working_table`), so
     ``data.indices`` no longer holds feature ids afterwards.
 
     ``params.threads`` = T: every pass runs T threads over row blocks (:mod:`solvers.threads`;
@@ -72,8 +74,7 @@ def train(data: CSRData, comm: Communicator, params: SolverParams | None = None,
     theta0 = None if init is None or resume is not None else _initial_theta(init, data.n_features)
     _check_groups(groups, data.n_features)
     path = auto_penalty(params)
-    # a path fits several times over the same rows: L-BFGS may not renumber them in place
-    inputs = Inputs(comm.rank, data, holdout, params.loss, consume_data and path is None, consume_data)
+    inputs = Inputs(comm.rank, data, holdout, params.loss, consume_data)
     solver_comm = AgreeingCommunicator(comm, inputs)
     if inputs.problem is not None:
         inputs.agree(comm)  # raises here, and on every other rank at its first collective

@@ -6,7 +6,7 @@ shard's rows, at most :data:`MAX_HOT` of them (the most frequent; ties by id): t
 :data:`SAMPLE_RANGES` evenly spaced ranges of :data:`SAMPLE_ROWS` rows each, so choosing reads a
 bounded part of the shard. A given shard and T choose the same set on every run.
 
-**When.** Only when the caller handed its data over (``Inputs.handed_over``: the relabelling
+**When.** Only when the caller handed its data over (``Inputs.consume``: the relabelling
 writes the shard's index array in place) and T > 1; otherwise the pass is plain Hogwild on the shared
 table. :meth:`HotReplicas.relabel` runs once before the first pass that uses them (on the
 rank's threads, one block of rows each), :meth:`HotReplicas.unlabel` when the online phase ends

@@ -51,7 +51,7 @@ from terascale.solvers.errors import DivergenceError, InvalidInputError
 from terascale.solvers.kernels.vector import dot, norm2
 from terascale.solvers.lbfgs_memory import LBFGSMemory
 from terascale.solvers.linesearch import strong_wolfe
-from terascale.solvers.local_table import LocalTable
+from terascale.solvers.local_table import LocalTable, working_table
 from terascale.solvers.objective import DistributedObjective
 from terascale.solvers.online import resumed_stop
 from terascale.solvers.owlqn import backtracking, steepest, trial_point
@@ -101,7 +101,7 @@ class LBFGSPhase:
         in some rank's data or non-zero in ``theta0``), else it is agreed here."""
         train = run.inputs.train
         if run.inputs.agreed:  # a pass came first (hybrid): agree on the set, evaluate compact
-            table = LocalTable(train, in_place=run.inputs.consume)
+            table = working_table(run.inputs)
             if space is None:
                 space = ActiveFeatures.agree(run.comm, table.ids, train.n_features, theta0)
             objective = run.objective.restricted(table.bind(space))
@@ -113,7 +113,7 @@ class LBFGSPhase:
         else:  # this evaluation is the first pass: the tree forms only after it
             ev = run.objective.evaluate(theta0, with_hessian=True)
             ev.raise_if_not_finite("at the L-BFGS starting point")
-            table = LocalTable(train, in_place=run.inputs.consume)
+            table = working_table(run.inputs)
             space = ActiveFeatures.agree(run.comm, table.ids, train.n_features, theta0)
             objective = run.objective.restricted(table.bind(space))
             theta, grad, hess = space.compact(theta0), space.compact(ev.grad), space.compact(ev.hess_diag)
@@ -134,7 +134,7 @@ class LBFGSPhase:
         else:  # a version-1 state: every feature, in id order
             space = ActiveFeatures.everything(n)
         try:
-            table = LocalTable(run.inputs.train, in_place=run.inputs.consume).bind(space)
+            table = working_table(run.inputs).bind(space)
         except ValueError:
             problem = InvalidInputError(
                 f"rank {run.comm.rank}: resume state: this rank's training rows hold features "

@@ -20,7 +20,7 @@ pass the totals are the starting ones plus every block's increment, added in blo
 progressive loss and weight sums are each block's, added in block order. With T = 1 the pass
 is one sequential walk, as before.
 
-Hot features (T > 1 on data handed over, ``Inputs.handed_over``): the intercept and the most frequent
+Hot features (T > 1 on data handed over, ``Inputs.consume``): the intercept and the most frequent
 features are written by every thread on nearly every row, and that contention, not the arithmetic,
 held two Hogwild threads to about one thread's speed. Each thread therefore updates its own
 replicas of them during a pass, merged into the shared rows after it by a per-coordinate weighted
@@ -80,7 +80,7 @@ class OnlineLearner:
         self.space: ActiveFeatures | None = None  # the features averaged, see agree_features
         s = run.inputs.train
         self.hot: HotReplicas | None = None  # T > 1 on data handed over: per-thread hot replicas
-        if run.threads.size > 1 and run.inputs.handed_over:
+        if run.threads.size > 1 and run.inputs.consume:
             ids = choose_hot(s)
             if ids.shape[0]:
                 self.hot = HotReplicas(ids, run.n_features, run.threads.size)

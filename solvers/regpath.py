@@ -24,6 +24,13 @@ with that λ from those weights would: the weights of its best held-out pass und
 stopping, else its last. The step's held-out loss is that model's (the tracker's number, an
 AllReduce result, so the same bits on every rank).
 
+**Memory.** The steps share L-BFGS's working table (:func:`solvers.local_table.working_table`):
+its numbering depends on the rows alone, so data handed over (``consume_data``: the train job)
+are renumbered in place once, in the shard cache's file when the shard streams from disk
+(``pipeline.shard_cache``), and a path holds per non-zero only what one fit with a fixed λ
+holds. Besides one fit's state it keeps the best step's float32 weights and the next step's
+float64 start.
+
 **The choice.** The step with the smallest held-out loss; a tie goes to the earlier step (the
 larger λ). The path stops early once ``PATIENCE`` = 2 steps in a row after the best are not
 better (held-out loss is usually unimodal in λ; later steps would only cost time). The result

@@ -44,16 +44,14 @@ class Inputs:
     """This rank's validated shards (local checks at construction) and, once :meth:`agree` has
     run, the totals over all ranks."""
 
-    def __init__(self, rank: int, data: CSRData, holdout: CSRData | None, loss: str,
-                 consume: bool = False, handed_over: bool | None = None):
+    def __init__(self, rank: int, data: CSRData, holdout: CSRData | None, loss: str, consume: bool = False):
         self.n_features = int(data.n_features)
-        #: the caller handed the training data over: L-BFGS's working table may renumber its
-        #: indices in place (solvers.local_table); after that ``train`` holds local numbers
+        #: the caller handed the training data over: an online phase may relabel the indices for
+        #: its duration (solvers.hot), giving them back exactly when it ends, and L-BFGS's working
+        #: table renumbers them in place (solvers.local_table); after that ``train`` holds local numbers
         self.consume = consume
-        #: the caller handed the data over (``consume``, or a regularization path over data handed
-        #: over): an online phase may relabel the indices for its duration (solvers.hot), giving
-        #: them back exactly when it ends
-        self.handed_over = consume if handed_over is None else handed_over
+        #: L-BFGS's working table, made once per ``train`` call (``solvers.local_table.working_table``)
+        self.table = None
         self.train, self.problem = _local_check(data, f"rank {rank} training data", loss)
         self.holdout: Shard | None = None
         if self.problem is None and holdout is not None:

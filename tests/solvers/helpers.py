@@ -79,6 +79,15 @@ def copy_data(data: CSRData) -> CSRData:
                    None if data.weights is None else data.weights.copy(), data.n_features)
 
 
+def local_numbers(data: CSRData) -> np.ndarray:
+    """``data.indices`` in L-BFGS's local numbering (:mod:`solvers.local_table`, written in place
+    into data handed over): each feature's rank in the order the rows first use it."""
+    first = np.sort(np.unique(data.indices, return_index=True)[1])
+    local = np.full(data.n_features, -1, np.int32)
+    local[data.indices[first]] = np.arange(first.size, dtype=np.int32)
+    return local[data.indices]
+
+
 def train_local(data: CSRData, params: SolverParams, **kwargs):
     return train(data, LocalCommunicator(), params, **kwargs)
 

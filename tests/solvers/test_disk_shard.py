@@ -17,7 +17,14 @@ from terascale.pipeline.shard_sink import MemorySink
 from terascale.solvers.api import SolverParams
 from terascale.solvers.data import CSRData
 from terascale.solvers.errors import InvalidInputError, NonFiniteInputError
-from tests.solvers.helpers import keep, planted_problem, split_rows, train_local, train_on_tree
+from tests.solvers.helpers import (
+    keep,
+    local_numbers,
+    planted_problem,
+    split_rows,
+    train_local,
+    train_on_tree,
+)
 
 
 def _in_memory(data: CSRData) -> CSRData:
@@ -87,6 +94,29 @@ def test_a_file_backed_shard_gives_the_in_memory_model_bit_for_bit(tmp_path, sol
     want = train_local(mem, params, holdout=mem_h, consume_data=True)
     got = train_local(disk, params, holdout=disk_h, consume_data=True)
     _same(got, want)
+
+
+@pytest.mark.parametrize("penalty", ["l2", "l1"])
+def test_a_regularization_path_over_a_file_backed_shard_gives_the_in_memory_model_and_renumbers_the_file(
+        tmp_path, penalty):
+    """train.l2 / l1 = auto from the cache: the in-memory model bit for bit (every step), and the
+    steps' working table renumbered the cache's own index file in place (no copy of the indices
+    in memory: the rows stream from the file every step, as with a fixed λ)."""
+    data = _collided(planted_problem(n=1500, d=30, density=0.25, seed=33, weighted=True), 34)
+    train, hold = data.split_held_out(np.arange(data.n_rows) % 5 == 2)
+    mem, disk = _twins(train, tmp_path, "0-0")
+    mem_h, disk_h = _twins(hold, tmp_path, "0-1", rows_per_chunk=13)
+    other = {"l1": 1e-6} if penalty == "l2" else {"l2": 1e-6}
+    params = SolverParams(solver="hybrid", passes=4, online_passes=1, **{penalty: "auto"}, **other)
+    want = train_local(mem, params, holdout=mem_h, consume_data=True)
+    got = train_local(disk, params, holdout=disk_h, consume_data=True)
+    _same(got, want)
+    assert len(got.path["steps"]) >= 3 and got.path["value"] == want.path["value"]
+    assert [(r["objective"], r["holdout_loss"]) for r in got.path["steps"]] == \
+        [(r["objective"], r["holdout_loss"]) for r in want.path["steps"]]
+    assert isinstance(disk.indices, np.memmap)
+    on_disk = np.fromfile(str(tmp_path / "0-0.indices"), np.int32)
+    assert on_disk.tobytes() == local_numbers(train).tobytes() == mem.indices.tobytes()
 
 
 def test_two_ranks_from_the_cache_give_the_in_memory_model_bit_for_bit(tmp_path):

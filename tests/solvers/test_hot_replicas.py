@@ -24,6 +24,7 @@ from terascale.solvers.shard import Shard
 from terascale.solvers.threads import RowThreads
 from tests.solvers.helpers import (
     copy_data,
+    local_numbers,
     objective_np,
     planted_problem,
     sklearn_logistic,
@@ -205,8 +206,8 @@ def test_hybrid_with_replicas_reaches_sklearns_optimum():
 
 
 def test_a_regularization_path_on_data_handed_over_uses_the_replicas_and_gives_the_ids_back(monkeypatch):
-    """train.l2 = auto never renumbers the data in place (every step reads it again), but its
-    online phase may relabel it for its duration: the ids are the original ones afterwards."""
+    """train.l2 = auto's online phase (step 0) relabels the data for its duration and gives the ids
+    back: the L-BFGS steps then number the original ids (their shared table, in place)."""
     import terascale.solvers.hot as hot_module
 
     calls = []
@@ -218,4 +219,4 @@ def test_a_regularization_path_on_data_handed_over_uses_the_replicas_and_gives_t
     res = train_local(handed, SolverParams(solver="hybrid", l2="auto", threads=2, passes=20, early_stop_passes=0),
                       holdout=holdout, consume_data=True)
     assert calls and np.isfinite(res.objective)
-    np.testing.assert_array_equal(handed.indices, data.indices)
+    np.testing.assert_array_equal(handed.indices, local_numbers(data))

@@ -23,6 +23,7 @@ from tests.solvers.helpers import (
     TREE_NODE_KWARGS,
     copy_data,
     keep,
+    local_numbers,
     loss_np,
     objective_np,
     planted_problem,
@@ -233,16 +234,19 @@ def test_a_fixed_lambda_state_does_not_resume_a_path_and_back():
         train_local(tr, SolverParams(solver="lbfgs", l2="auto", passes=2), holdout=ho, resume=other)
 
 
-def test_the_path_reads_its_rows_again_even_when_handed_them():
-    """consume_data with a path: L-BFGS must not renumber the rows in place, since every step
-    reads them again (the same bits as a run that keeps its data)."""
+@pytest.mark.parametrize("solver", ["lbfgs", "hybrid"])
+def test_the_path_renumbers_rows_handed_over_in_place_once_with_the_same_bits(solver):
+    """consume_data with a path: the steps share L-BFGS's working table, so the rows are renumbered
+    in place once (no copy of the indices) and the result is a kept-data run's, bit for bit."""
     tr, ho = scaled_problem(n=600, d=60)
-    params = SolverParams(solver="lbfgs", l2="auto", passes=8)
+    params = SolverParams(solver=solver, l2="auto", passes=8)
     kept = train_local(tr, params, holdout=ho)
     mine = copy_data(tr)
     handed = train(mine, LocalCommunicator(), params, holdout=ho, consume_data=True)
-    assert handed.weights.tobytes() == kept.weights.tobytes()
-    assert mine.indices.tobytes() == tr.indices.tobytes()
+    assert len(kept.path["steps"]) >= 3
+    assert handed.weights.tobytes() == kept.weights.tobytes() and handed.intercept == kept.intercept
+    assert without_times(handed.path["steps"]) == without_times(kept.path["steps"])
+    assert mine.indices.tobytes() == local_numbers(tr).tobytes()  # the table's numbers, written in place
 
 
 def l1_problem(c: float = 0.003, n: int = 3000, d: int = 300, k: int = 30, seed: int = 5) -> tuple[CSRData, CSRData]:
