@@ -18,6 +18,9 @@ features of the shard, m = ``lbfgs_memory``. Each term belongs to one category:
   While reading, one record batch of ``pipeline.dataset.BATCH_ROWS`` rows (its Arrow arrays and
   the held-out split's mask and copies): about 13 bytes per non-zero and 24 per row of the
   batch; the held-out rows are split off as the batches arrive, so there is no second CSR.
+  With ``train.data_cache = disk`` (``pipeline.shard_cache``) the CSR streams from the local
+  shard cache and a pass holds one block of rows per thread: the CSR term is then the budget B,
+  min(CSR, B) (``Plan.cache_budget``); not for CoCoA, whose random order maps the whole shard.
   CoCoA: its renumbered copy of the indices 4·z and its dense values 4·z, and
   ``partition=redeal``'s gathered rows (workers × the CSR, twice while gathering).
 - ``model_state``: online (and the hybrid's first passes): the w, G, s table, 3 float32 per
@@ -30,9 +33,10 @@ features of the shard, m = ``lbfgs_memory``. Each term belongs to one category:
   float64 weights (current, and the best under early stopping; the start is dropped once
   compacted) 16·(D+1); feature maps (active position, local slot) 8·D; the local table
   (3 float64 + an int64 id per own feature) 32·(f+1); the returned float32 weights 4·D;
-  with a regularization path (``train.l2 = auto``) the local table's own copy of the indices 4·z
-  (the rows are read again by every step, so they are not renumbered in place) and the best
-  step's float32 weights and the next step's float64 start 12·(D+1).
+  with a regularization path (``train.l2 = auto``) the best step's float32 weights and the next
+  step's float64 start 12·(D+1). Nothing per non-zero: the job hands its shard over, so the
+  local table renumbers the indices in place (in the cache's file on disk), once for the whole
+  path (its steps share the table, ``solvers.local_table.working_table``), as a fixed λ does.
   CoCoA: w, its update, u over all features and the round's AllReduce vector and sum 40·(D+1);
   dual variables, updates and messages 48·n; per thread replicas 16·threads·(f+1) and the local
   vectors 24·(f+1); feature counts 4·D; the returned weights 8·D.
@@ -67,6 +71,7 @@ CATEGORIES = (PROCESS_BASELINE, SHARD, MODEL_STATE, LBFGS_MEMORY, BUFFERS)
 READ, SPLIT = "read", "split"
 SOLVER_PHASES = {"online": "online passes", "lbfgs": "L-BFGS", "cocoa": "CoCoA rounds"}
 CSR_TERM = "shard CSR"
+STREAMED_TERM = "shard blocks in memory (train.data_cache = disk)"
 BASELINE_TERM = "process baseline"
 
 
@@ -127,13 +132,17 @@ class Plan:
     chunk_bytes: int
     path: bool = False  # train.l2 or train.l1 = auto: a regularization path (solvers.regpath)
     l1: bool = False  # train.l1 > 0 or auto: the online phase shares its normalizers
+    #: train.data_cache = disk: the bytes of its shard a rank holds at once (the budget); 0: in memory
+    cache_budget: int = 0
 
     @classmethod
-    def of(cls, p, holdout: bool, workers: int, chunk_bytes: int) -> Plan:
-        """From any object with the solver's parameters (a ``TrainConf``, ``SolverParams``)."""
+    def of(cls, p, holdout: bool, workers: int, chunk_bytes: int, cache_budget: int = 0) -> Plan:
+        """From any object with the solver's parameters (a ``TrainConf``, ``SolverParams``);
+        ``cache_budget``: see the field."""
         l1 = getattr(p, "l1", 0.0)
         return cls(p.solver, p.lbfgs_memory, p.threads, p.partition, holdout, workers, chunk_bytes,
-                   auto_penalty(p) is not None, l1 == "auto" or (isinstance(l1, (int, float)) and l1 > 0))
+                   auto_penalty(p) is not None, l1 == "auto" or (isinstance(l1, (int, float)) and l1 > 0),
+                   cache_budget)
 
 
 @dataclass(frozen=True)
@@ -199,7 +208,11 @@ def account(plan: Plan, s: Sizes, baseline: int) -> Accounting:
     csr = csr_bytes(n, z, s.nnz_values) if s.csr is None else s.csr
     if redeal:
         csr *= plan.workers  # every rank gathers all rows
-    base = {BASELINE_TERM: (PROCESS_BASELINE, baseline), CSR_TERM: (SHARD, csr)}
+    if plan.cache_budget > 0 and "cocoa" not in spec.phases:  # streamed: a block per thread at once
+        shard = {STREAMED_TERM: (SHARD, min(csr, plan.cache_budget))}
+    else:
+        shard = {CSR_TERM: (SHARD, csr)}
+    base = {BASELINE_TERM: (PROCESS_BASELINE, baseline), **shard}
     read = {"one record batch in flight while reading": (SHARD, batch_bytes(n, z))}
     split = {"rows in flight while gathering": (SHARD, csr)} if redeal else {}
     online = {
@@ -222,8 +235,7 @@ def account(plan: Plan, s: Sizes, baseline: int) -> Accounting:
         "local table (32 B x shard features)": (MODEL_STATE, 32 * (f + 1)),
         **({f"per-thread accumulators ({plan.threads - 1} more threads)": (BUFFERS, (plan.threads - 1) * max(24 * (f + 1), 0 if "online" in spec.phases else 16 * (D + 1)))} if plan.threads > 1 else {}),
         "returned float32 weights": (MODEL_STATE, 4 * D),
-        **({"regularization path: renumbered indices, the rows are read again (4 B x shard non-zeros)": (SHARD, 4 * z),
-            "regularization path: best model and warm start (12 B x 2^bits)": (MODEL_STATE, 12 * (D + 1))}
+        **({"regularization path: best model and warm start (12 B x 2^bits)": (MODEL_STATE, 12 * (D + 1))}
            if plan.path else {}),
     }
     cocoa = {

@@ -6,8 +6,9 @@ docstring has every term, in the categories process baseline, shard, model state
 and buffers) fed the largest shard plan_shards made, D = 2^bits, a bound on the active features
 (:func:`active_bound`, every feature with a warm start) and :data:`BASELINE_BYTES` for the process.
 
-needed = baseline + CSR + max(read, gather, each solver phase's state + buffers). These are upper bounds
-of what the solvers allocate; the measured peak RSS of every rank is in the model's
+needed = baseline + CSR + max(read, gather, each solver phase's state + buffers), where with
+``train.data_cache = disk`` the CSR term is the blocks a pass holds (the budget, once the driver
+has chosen it). These are upper bounds of what the solvers allocate; the measured peak RSS of every rank is in the model's
 ``per_rank[i]["memory"]`` (its peak, baseline, per-phase peaks and the same accounting over its
 real sizes) beside the estimate (``metadata["memory_estimate"]``).
 
@@ -101,13 +102,14 @@ def active_bound(manifest: dict, n_features: int) -> int:
 
 
 def estimate(t, n_features: int, shard: ShardSize, active: int, workers: int, chunk_bytes: int,
-             warm_start: bool = False) -> Estimate:
+             warm_start: bool = False, cache_budget: int = 0) -> Estimate:
     """A rank's peak memory (module docstring). ``t``: the train section (or any object with
     its solver, lbfgs_memory, holdout_period, threads, partition); ``active``: a bound on the
-    features in the data (:func:`active_bound`)."""
+    features in the data (:func:`active_bound`); ``cache_budget``: with train.data_cache = disk,
+    the bytes of its shard a rank holds at once (the CSR term is then at most that)."""
     D = n_features
     d = D if warm_start else min(D, active)
-    acc = account(Plan.of(t, t.holdout_period > 0, workers, chunk_bytes),
+    acc = account(Plan.of(t, t.holdout_period > 0, workers, chunk_bytes, cache_budget),
                   Sizes(D, shard.rows, shard.nnz, shard.nnz_values, d, features=min(D, shard.nnz, active)),
                   BASELINE_BYTES)
     return Estimate(acc.terms, acc.peak_phase, acc.total,

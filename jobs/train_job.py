@@ -24,6 +24,7 @@ from terascale.jobs.config import (
     solver_params,
     to_dict,
 )
+from terascale.jobs.memory_accounting import CSR_TERM
 from terascale.jobs.progress import ProgressMonitor
 from terascale.jobs.run_checkpoints import RunCheckpoints
 from terascale.jobs.train_task import Inject, TaskSpec, run_train_task
@@ -131,12 +132,19 @@ def _memory_preflight(spark, cfg: Config, manifest: dict, shards, bits: int, war
     t = cfg.train
     sizes = preflight.shard_sizes(shards, manifest)
     biggest = max(sizes, key=lambda s: 16 * s.rows + 8 * s.nnz)
-    est = preflight.estimate(t, 1 << bits, biggest, preflight.active_bound(manifest, 1 << bits), t.workers,
-                             cfg.allreduce.chunk_bytes, warm_start)
+
+    def rank_estimate(cache_budget: int = 0) -> preflight.Estimate:
+        return preflight.estimate(t, 1 << bits, biggest, preflight.active_bound(manifest, 1 << bits), t.workers,
+                                  cfg.allreduce.chunk_bytes, warm_start, cache_budget)
+
+    est = rank_estimate()
     sc = spark.sparkContext
-    est.available, est.source = preflight.available(dict(sc.getConf().getAll()), sc.master, t.workers + t.spares,
-                                                    t.rank_memory_mb)
+    available = preflight.available(dict(sc.getConf().getAll()), sc.master, t.workers + t.spares, t.rank_memory_mb)
+    est.available, est.source = available
     cache = _data_cache(t, est, sc.getConf().get("spark.local.dir", "") or "")
+    if cache["mode"] == "disk":  # the shard streams: the estimate counts the blocks a pass holds
+        est = rank_estimate(cache["budget_bytes"])
+        est.available, est.source = available
     warning = preflight.check(est, t.preflight, t.workers, bits)
     if warning:
         log.warning("%s", warning)
@@ -148,15 +156,12 @@ def _memory_preflight(spark, cfg: Config, manifest: dict, shards, bits: int, war
 
 def _data_cache(t, est, spark_local_dir: str) -> dict:
     """train.data_cache resolved on the driver (``pipeline.shard_cache.choose``) from the largest
-    shard's CSR bytes and the rest of the estimate; with disk, the estimate's shard term becomes
-    the budget (a pass holds that much of it). {mode, budget_bytes, why, spark_local_dir}."""
-    csr = est.terms.get("shard CSR", 0)
+    shard's CSR bytes and the rest of the estimate (the in-memory one); with disk the caller
+    estimates again with the budget as the shard's term (a pass holds that much of it).
+    {mode, budget_bytes, why, spark_local_dir}."""
+    csr = est.terms.get(CSR_TERM, 0)
     mode, budget, why = shard_cache.choose(t.data_cache, t.memory_budget_mb, t.threads, t.shuffle, csr,
                                            est.available, est.source, est.needed - csr)
-    if mode == "disk" and "shard CSR" in est.terms:
-        del est.terms["shard CSR"]
-        est.terms["shard blocks in memory (train.data_cache = disk)"] = min(csr, budget)
-        est.needed = sum(est.terms.values())
     log.info("shard cache: %s", why)
     return {"mode": mode, "budget_bytes": budget, "why": why, "spark_local_dir": spark_local_dir}
 

@@ -280,7 +280,8 @@ def _memory(probe: MemoryProbe, spec: TaskSpec, ctx, shard: dict, history: list[
         d, source = int(agreed), "the L-BFGS phase's active set"
     else:
         d, source = min(D, shard["nnz"]), "bound: min(2^bits, the shard's non-zeros)"
-    plan = Plan.of(spec.params, shard["holdout"], ctx.num_shards, ctx.net.chunk_bytes)
+    streamed = spec.cache.budget_bytes if spec.cache.mode == "disk" else 0  # the blocks a pass holds
+    plan = Plan.of(spec.params, shard["holdout"], ctx.num_shards, ctx.net.chunk_bytes, streamed)
     acc = account(plan, Sizes(D, shard["rows"], shard["nnz"], shard["nnz_values"], d, csr=shard["csr_bytes"]),
                   probe.baseline)
     totals = acc.phase_totals()

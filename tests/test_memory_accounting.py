@@ -76,12 +76,49 @@ def test_the_preflight_computes_through_the_accounting():
     assert e.to_json()["categories"] == e.categories and e.to_json()["phase_totals"]["L-BFGS"] == e.needed
 
 
-def test_a_regularization_path_costs_a_copy_of_the_indices_and_two_weight_vectors():
+def test_a_regularization_path_costs_two_weight_vectors_and_nothing_per_non_zero():
     sizes = Sizes(1 << 20, 1000, 39_000, 0, 1 << 20, features=39_000)
     fixed = account(Plan.of(load_config([], ["train.l2=1e-6"]).train, True, 2, MIB), sizes, BASELINE_BYTES)
     auto = account(Plan.of(load_config([], ["train.l2=auto"]).train, True, 2, MIB), sizes, BASELINE_BYTES)
-    assert auto.phase_totals()["L-BFGS"] - fixed.phase_totals()["L-BFGS"] == 4 * 39_000 + 12 * ((1 << 20) + 1)
+    # the steps share the working table, which renumbers the handed-over shard in place: no copy
+    assert auto.phase_totals()["L-BFGS"] - fixed.phase_totals()["L-BFGS"] == 12 * ((1 << 20) + 1)
     assert auto.phase_totals()["online passes"] == fixed.phase_totals()["online passes"]
+
+
+@pytest.mark.parametrize("l2", ["auto", "1e-6"])
+@pytest.mark.parametrize("penalty", ["l2", "l1"])
+def test_a_shard_streamed_from_the_disk_cache_counts_its_blocks_and_nothing_per_non_zero(l2, penalty):
+    """train.data_cache = disk: the shard's term is the budget (a block per thread at once), and
+    no term of any phase grows with the shard's non-zeros, with a path (l2 or l1 = auto) as with
+    a fixed λ: doubling the non-zeros of a shard larger than the budget changes nothing."""
+    sets = [f"train.l2={l2}"] if penalty == "l2" else ["train.l2=1e-6", f"train.l1={'auto' if l2 == 'auto' else 1e-6}"]
+    t = load_config([], sets).train
+    budget = 64 * MIB
+    D, n, d = 1 << 22, 2_000_000, 1 << 20
+
+    def acc(nnz: int, cache_budget: int):
+        return account(Plan.of(t, True, 2, MIB, cache_budget), Sizes(D, n, nnz, 0, d, features=d), BASELINE_BYTES)
+
+    for z in (40_000_000, 80_000_000):
+        disk, mem = acc(z, budget), acc(z, 0)
+        assert "shard CSR" not in disk.base and disk.base["shard blocks in memory (train.data_cache = disk)"][1] == budget
+        assert mem.base["shard CSR"][1] == csr_bytes(n, z, 0) > budget
+        assert disk.phase_totals()["L-BFGS"] == mem.phase_totals()["L-BFGS"] - csr_bytes(n, z, 0) + budget
+    small, big = acc(40_000_000, budget), acc(80_000_000, budget)
+    grows = {k for k in small.phases for t, (_, b) in big.phases[k].items() if b != small.phases[k][t][1]}
+    assert grows == {"read"}  # only the record batch in flight while reading (13 B x a batch's non-zeros)
+    assert big.phase_totals()["L-BFGS"] == small.phase_totals()["L-BFGS"]
+    assert big.categories("L-BFGS")[SHARD] == small.categories("L-BFGS")[SHARD] == budget
+    # a shard smaller than the budget: its CSR, whole
+    tiny = account(Plan.of(t, True, 2, MIB, budget), Sizes(D, 1000, 39_000, 0, d), BASELINE_BYTES)
+    assert tiny.base["shard blocks in memory (train.data_cache = disk)"][1] == csr_bytes(1000, 39_000, 0)
+
+
+def test_cocoa_from_the_disk_cache_counts_its_whole_shard():
+    """CoCoA's epochs read rows in random order: from the cache its resident set grows to the shard's."""
+    t = load_config([], ["train.solver=cocoa", "train.l2=1e-6"]).train
+    acc = account(Plan.of(t, False, 2, MIB, 64 * MIB), Sizes(1 << 20, 2_000_000, 40_000_000, 0, 1 << 20), 0)
+    assert acc.base["shard CSR"][1] == csr_bytes(2_000_000, 40_000_000, 0)
 
 
 def test_a_rank_counts_its_csr_as_held_binary_or_not():

@@ -74,12 +74,46 @@ def test_the_default_fits_a_path_and_records_it(spark, data, clean, tmp_path):
     assert w.dtype == np.float32 and np.isfinite(b)
 
 
+def _disk(tmp_path) -> list[str]:
+    return ["train.data_cache=disk", "train.memory_budget_mb=28", f"train.cache_dir={tmp_path / 'local'}"]
+
+
+def test_the_path_from_the_disk_cache_gives_memory_modes_model_and_streams_its_rows(spark, data, clean, tmp_path):
+    """Invariant 9 on the path: from the local shard cache the model, every step and every pass are
+    memory mode's, bit for bit; the ranks' steps renumber the cache's files in place, so the memory
+    record (driver and ranks) counts the blocks a pass holds and no copy of the indices."""
+    model, meta = clean
+    disk = run_train(spark, load_config([], [*BASE, *_disk(tmp_path)]), str(data / "tr"), str(tmp_path / "d"))
+    w_mem, b_mem, _ = load_model(str(model))
+    w_disk, b_disk, _ = load_model(str(tmp_path / "d"))
+    assert w_disk.tobytes() == w_mem.tobytes() and b_disk == b_mem and disk["objective"] == meta["objective"]
+    drop = ("seconds",)
+    assert [{k: v for k, v in s.items() if k not in drop} for s in disk["regularization"]["steps"]] == \
+        [{k: v for k, v in s.items() if k not in drop} for s in meta["regularization"]["steps"]]
+    assert [(h["objective"], h.get("holdout_loss")) for h in disk["history"]] == \
+        [(h["objective"], h.get("holdout_loss")) for h in meta["history"]]
+    assert [r["data_cache"]["mode"] for r in disk["per_rank"]] == ["disk", "disk"]
+    blocks = "shard blocks in memory (train.data_cache = disk)"
+    est = disk["memory_estimate"]
+    assert blocks in est["terms"] and "shard CSR" not in est["terms"]
+    assert sum(est["categories"].values()) == est["needed_bytes"] == est["phase_totals"][est["peak_phase"]]
+    for r in disk["per_rank"]:
+        terms = r["memory"]["terms"]
+        assert terms[blocks] == min(r["csr_bytes"], 28 << 20) and "shard CSR" not in terms
+        assert not any("renumbered" in k or "non-zeros" in k for k in terms)
+        assert "regularization path: best model and warm start (12 B x 2^bits)" in terms or \
+            r["memory"]["breakdown_phase"] == "read"
+    assert not list((tmp_path / "local").rglob("*.indices"))  # the cache went with the tasks
+
+
 def test_a_rank_failing_inside_the_path_resumes_on_the_same_lambda(spark, data, clean, tmp_path):
+    """A rank failing inside the path's second step resumes from its checkpoint on the same λ, here
+    with its shard in the disk cache (read again by the new attempt): the clean in-memory run's bits."""
     _, meta = clean
     steps = meta["regularization"]["steps"]
     assert len(steps) >= 2
     fail_at = steps[0]["passes"] + 2  # the second pass of the path's second step
-    cfg = load_config([], [*BASE, "train.inject.fail_shard=1", f"train.inject.fail_pass={fail_at}",
+    cfg = load_config([], [*BASE, *_disk(tmp_path), "train.inject.fail_shard=1", f"train.inject.fail_pass={fail_at}",
                            "train.inject.fail_mode=raise"])
     hurt = run_train(spark, cfg, str(data / "tr"), str(tmp_path / "hurt"))
     assert len(hurt["attempts"]) == 2
