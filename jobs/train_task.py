@@ -218,7 +218,8 @@ def _train(ctx, spec: TaskSpec, cache: ShardCache | None) -> dict:
 
     def fit(resume_state):
         return train(train_data, comm, spec.params, holdout=holdout, on_pass_end=on_pass_end,
-                     resume=resume_state, progress=progress, init=init, groups=groups, consume_data=True)
+                     resume=resume_state, progress=progress, init=init, groups=groups, consume_data=True,
+                     path_rows=sum(part.rows for shard in spec.shards for part in shard))
 
     with comm:
         try:

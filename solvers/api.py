@@ -37,7 +37,7 @@ def train(data: CSRData, comm: Communicator, params: SolverParams | None = None,
           holdout: CSRData | None = None, on_pass_end: Callable[[dict], Any] | None = None,
           resume: dict | None = None, progress: Callable[[int, int], Any] | None = None,
           init: tuple[np.ndarray, float] | None = None, groups: np.ndarray | None = None,
-          consume_data: bool = False) -> TrainResult:
+          consume_data: bool = False, path_rows: int = 0) -> TrainResult:
     """Fit a linear model to the data of all ranks (see :mod:`solvers.params` for the objective).
 
     ``holdout``: this rank's held-out rows (scored after every pass; early stopping).
@@ -62,6 +62,8 @@ def train(data: CSRData, comm: Communicator, params: SolverParams | None = None,
     ``params.l2 = "auto"``: a regularization path (:mod:`solvers.regpath`): one fit per λ of a
     decreasing path, each warm-started from the one before, and the result of the λ with the
     best held-out loss, with the path in :attr:`TrainResult.path`; it needs ``holdout``.
+    ``path_rows``: the data's rows over all ranks (the same number on every rank), which the
+    path's values scale with (0: the fixed values of :mod:`solvers.regpath`).
 
     No collective happens before the first pass over the data is done (the input agreement
     rides on the first collective). Raises InvalidInputError / NonFiniteInputError for bad
@@ -79,7 +81,8 @@ def train(data: CSRData, comm: Communicator, params: SolverParams | None = None,
     if inputs.problem is not None:
         inputs.agree(comm)  # raises here, and on every other rank at its first collective
     if path is not None:
-        return train_path(path, solve, inputs, solver_comm, params, on_pass_end, resume, progress, theta0, groups)
+        return train_path(path, solve, inputs, solver_comm, params, on_pass_end, resume, progress, theta0, groups,
+                          rows=path_rows)
     return solve(inputs, solver_comm, params, on_pass_end, resume, progress, theta0, groups)
 
 

@@ -129,8 +129,9 @@ class _Declarations:
     loss: str = param("logistic", "logistic (labels 0/1), squared (real labels), hinge and squared_hinge "
                       "(labels 0/1 as -1/+1)", OneOf(tuple(LOSSES)))
     l2: float = param("auto", "lambda of the mean-form objective (1/sum w) sum w*loss + lambda/2 |beta|^2; auto = "
-                      "fit a decreasing path of 8 values from 1e-4 to 1e-8 in one run, each warm-started from the one "
-                      "before, and keep the one with the best held-out loss (solvers.regpath; needs held-out rows and "
+                      "fit a decreasing path of 8 values from 100/N to 0.01/N in one run (N: the dataset's rows; 1e-4 to "
+                      "1e-8 where N is not known), each warm-started from the one before, and keep the one with the best "
+                      "held-out loss (solvers.regpath; needs held-out rows and "
                       "a solver with a path: hybrid or lbfgs)", AutoOr(Interval(0, None)))
     l1: float = param(0.0, "lambda_1 of the L1 penalty lambda_1 |beta|_1 added to the objective (elastic net with l2; "
                       "b unpenalized): > 0 makes the L-BFGS phase OWL-QN and the online passes shrink weights to 0 "
@@ -153,7 +154,8 @@ class _Declarations:
                                "while l2 >= l1)")
     tol: float = param(1e-7, "relative tolerance on the gradient norm and the objective change (cocoa: the "
                        "relative duality gap)", Interval(0, 1))
-    early_stop_passes: int = param(3, "stop after this many passes without a better held-out loss (0: off)",
+    early_stop_passes: int = param(3, "stop after this many passes without a better held-out loss (0: off; not "
+                                   "inside the steps of a regularization path, l2/l1 = auto, which run to train.tol)",
                                    Interval(0, 100000, integer=True))
     local_epochs: int = param(1, "cocoa: local SCD epochs per round (H)", Interval(1, 1000000, integer=True))
     aggregation: str = param("adaptive", "cocoa: adaptive (optimal step gamma), avg (1/K) or add (CoCoA+)",

@@ -2,34 +2,34 @@
 
 ``train.l2 = auto`` fits, in one run, one model per value of a decreasing path
 
-    λ_k = λ_first · (λ_last / λ_first)^(k / (n − 1)),   k = 0 … n − 1,
+    λ_k = λ_first · 10^(−4k / (n − 1)),   k = 0 … n − 1,   λ_first = 100 / N,  n = 8,
 
-with λ_first = 1e-4, λ_last = 1e-8 and n = 8 for ``l2`` (``numpy.logspace(-4, -8, 8)``; the
-values are the same for every dataset). They are stated for the mean-form objective with feature
-values of order 1, which hashed tokens have (value 1): the penalty then shrinks a feature seen
-in a fraction φ of the rows by about a factor 1/(1 + λ/(φ·p(1−p))), so the path runs from
-"features seen in fewer than ~1 row in 10^4 barely count" to "only features seen in fewer than
-~1 row in 10^8 are shrunk", which spans click logs from 10^4 to 10^9 rows. Data with other
-value scales (LibSVM files) should be scaled to values of order 1 (max-abs) or given a number.
-The path is fixed rather than derived from the data because every rank must know λ_0 before
-its first collective, which by design comes only after the first pass over the data
-(speculative execution, :mod:`solvers.setup`).
+N the dataset's rows (``train(path_rows=N)``; the train job passes the rows of all its shards,
+so every rank has the same values before its first collective, which by design comes only after
+the first pass over the data: speculative execution, :mod:`solvers.setup`). The values are stated
+for the mean-form objective with feature values of order 1, which hashed tokens have (value 1):
+the penalty then shrinks a feature seen in n_j = φ·N rows by about a factor
+1/(1 + λN/(n_j·p(1−p))), so λN is the count of rows below which a feature barely counts, and the
+held-out optimum sits at a roughly constant λN as the data grow: λN ≈ 20–50 on generated click
+logs at 200k, 500k and 20M rows (1e-4 at 200k–500k, 1e-6 at 20M). A path fixed in λ (the former
+1e-4 … 1e-8) started at λN = 2,000 at 20M rows, where every step was worse than the first
+online pass, and stopped by patience three steps later. The path runs from λN = 100 (features
+in fewer than ~100 rows barely count) to λN = 0.01 (four decades in 8 values, a factor 3.7 a
+step). Without N (``path_rows`` = 0) the values are 1e-4 … 1e-8, the same path at N = 10^6.
+Data with other value scales (LibSVM files) should be scaled to values of order 1 (max-abs) or
+given a number.
 
 **Each step.** Step 0 runs the configured solver (the hybrid: its online pass(es), then L-BFGS)
 with λ_0, from the run's initial weights. Step k > 0 runs L-BFGS with λ_k (the hybrid's last
 phase; the ``lbfgs`` solver itself), warm-started from step k − 1's returned weights. Every step
 has the solver's whole budget (``passes``, the hybrid's online passes included in step 0) and
-its own early stopping (``early_stop_passes``), so a step returns exactly what a separate run
-with that λ from those weights would: the weights of its best held-out pass under early
-stopping, else its last. The step's held-out loss is that model's (the tracker's number, an
-AllReduce result, so the same bits on every rank).
-
-**Memory.** The steps share L-BFGS's working table (:func:`solvers.local_table.working_table`):
-its numbering depends on the rows alone, so data handed over (``consume_data``: the train job)
-are renumbered in place once, in the shard cache's file when the shard streams from disk
-(``pipeline.shard_cache``), and a path holds per non-zero only what one fit with a fixed λ
-holds. Besides one fit's state it keeps the best step's float32 weights and the next step's
-float64 start.
+runs to its tolerance (``tol``) or that budget, **without early stopping** (``early_stop_passes``
+applies to runs with a fixed λ), so a step returns the minimiser of its objective at λ_k, as far
+as the tolerance goes: the λ the path reports is the one its weights minimise, and the objective
+it reports is theirs. (With early stopping inside the steps, a step whose L-BFGS passes all
+scored worse than its first online pass returned the online pass's average, a model no λ had
+shaped, reported with an objective at λ_0 of 2.07 at 20M rows.) The step's held-out loss is that
+of its last pass (the tracker's number, an AllReduce result, so the same bits on every rank).
 
 **The choice.** The step with the smallest held-out loss; a tie goes to the earlier step (the
 larger λ). The path stops early once ``PATIENCE`` = 2 steps in a row after the best are not
@@ -91,23 +91,38 @@ WARM_SOLVER = {"hybrid": "lbfgs"}
 
 @dataclass(frozen=True)
 class PathRule:
-    """n values log-spaced from ``first`` down to ``last`` (see the module docstring)."""
+    """n values log-spaced from ``first`` down to ``last`` (see the module docstring); with
+    ``first_times_rows`` > 0 and the data's rows N known, from ``first_times_rows / N`` down by
+    the same ratio ``last / first``."""
 
     penalty: str
     first: float
     last: float
     n: int
+    first_times_rows: float = 0.0
 
-    def values(self) -> list[float]:
-        return [float(v) for v in np.logspace(math.log10(self.first), math.log10(self.last), self.n)]
+    def bounds(self, rows: int = 0) -> tuple[float, float]:
+        """(first, last) for data of ``rows`` rows (0: not known)."""
+        if self.first_times_rows > 0 and rows > 0:
+            first = self.first_times_rows / rows
+            return first, first * (self.last / self.first)
+        return self.first, self.last
 
-    def describe(self) -> str:
-        return (f"{self.n} values of {self.penalty} log-spaced from {self.first:g} down to {self.last:g}, each "
+    def values(self, rows: int = 0) -> list[float]:
+        first, last = self.bounds(rows)
+        return [float(v) for v in np.logspace(math.log10(first), math.log10(last), self.n)]
+
+    def describe(self, rows: int = 0) -> str:
+        first, last = self.bounds(rows)
+        scaled = (f" ({self.first_times_rows:g} / {rows:,} rows)" if self.first_times_rows > 0 and rows > 0
+                  else "")
+        return (f"{self.n} values of {self.penalty} log-spaced from {first:.3g}{scaled} down to {last:.3g}, each "
                 f"warm-started from the one before; the smallest held-out loss wins (ties: the larger value); "
                 f"stops after {PATIENCE} steps in a row worse than the best")
 
 
-PATHS: dict[str, PathRule] = {"l2": PathRule("l2", 1e-4, 1e-8, 8), "l1": PathRule("l1", 1e-4, 1e-8, 8)}
+PATHS: dict[str, PathRule] = {"l2": PathRule("l2", 1e-4, 1e-8, 8, first_times_rows=100.0),
+                              "l1": PathRule("l1", 1e-4, 1e-8, 8)}
 
 
 def auto_penalty(params: Any) -> str | None:
@@ -139,9 +154,9 @@ def effective_l2(meta: dict) -> float:
 
 
 def step_params(params: Any, penalty: str, step: int, value: float) -> Any:
-    """The concrete parameters of step ``step``: the penalty set to ``value``; after step 0 the
-    warm-started solver (:data:`WARM_SOLVER`)."""
-    changes: dict[str, Any] = {penalty: value}
+    """The concrete parameters of step ``step``: the penalty set to ``value``, no early stopping
+    (a step runs to its tolerance); after step 0 the warm-started solver (:data:`WARM_SOLVER`)."""
+    changes: dict[str, Any] = {penalty: value, "early_stop_passes": 0}
     if step > 0:
         changes["solver"] = WARM_SOLVER.get(params.solver, params.solver)
     return dataclasses.replace(params, **changes)
@@ -237,13 +252,13 @@ class _Path:
 def train_path(penalty: str, fit: Callable[..., TrainResult], inputs: Any, comm: Any, params: Any,
                on_pass_end: Callable[[dict], Any] | None, resume: dict | None,
                progress: Callable[[int, int], Any] | None, theta0: np.ndarray | None,
-               groups: np.ndarray | None) -> TrainResult:
+               groups: np.ndarray | None, rows: int = 0) -> TrainResult:
     """The path of ``penalty`` (module docstring). ``fit(inputs, comm, params, on_pass_end,
     resume, progress, theta0, groups) -> TrainResult`` is one fit (``solvers.api.solve``) over the
-    validated ``inputs``; the rest are :func:`solvers.api.train`'s arguments."""
+    validated ``inputs``; ``rows``: the data's rows N over all ranks, the same on every rank (0:
+    not known); the rest are :func:`solvers.api.train`'s arguments."""
     rule = PATHS[penalty]
-    values = rule.values()
-    early = params.early_stop_passes > 0
+    values = rule.values(rows)
     if resume is not None:
         path, inner = _Path.restore(penalty, values, resume)
     else:
@@ -252,11 +267,11 @@ def train_path(penalty: str, fit: Callable[..., TrainResult], inputs: Any, comm:
     while True:
         k, value = path.step, values[path.step]
         p_k = step_params(params, penalty, k, value)
-        res = fit(inputs, comm, p_k, _checkpointer(path, params, inputs, on_pass_end, early),
+        res = fit(inputs, comm, p_k, _checkpointer(path, params, inputs, on_pass_end),
                   inner, _progress(progress, path.pass_offset), init, groups)
         inner = None
         local = res.history  # the step's own passes, numbered from 1
-        holdout, best_pass = step_holdout(local, early)
+        holdout, best_pass = step_holdout(local, early_stopping=False)  # step_params: none in a step
         path.records.append({
             "step": k, penalty: value, "objective": res.objective, "holdout_loss": holdout,
             "passes": len(local), "seconds": local[-1]["elapsed_s"] if local else 0.0,
@@ -268,18 +283,18 @@ def train_path(penalty: str, fit: Callable[..., TrainResult], inputs: Any, comm:
             path.best_weights, path.best_intercept = res.weights, res.intercept
         stop = path_over(path.records, len(values))
         if stop is not None:
-            return _result(path, rule, stop)
+            return _result(path, rule, stop, rows)
         path.pass_offset += len(local)
         path.time_offset = path.history[-1]["elapsed_s"] if path.history else path.time_offset
         path.step += 1
         init = np.append(res.weights.astype(np.float64), res.intercept)
 
 
-def _result(path: _Path, rule: PathRule, stop: str) -> TrainResult:
+def _result(path: _Path, rule: PathRule, stop: str, rows: int) -> TrainResult:
     chosen = choose(path.records)
     best = path.records[chosen]
     record = {"penalty": path.penalty, "value": best[path.penalty], "chosen_step": chosen,
-              "rule": rule.describe(), "stop": stop, "steps": [dict(r) for r in path.records]}
+              "rule": rule.describe(rows), "rows": rows, "stop": stop, "steps": [dict(r) for r in path.records]}
     return TrainResult(weights=np.asarray(path.best_weights, dtype=np.float32).copy(),
                        intercept=float(path.best_intercept), history=[dict(e) for e in path.history],
                        objective=float(best["objective"]), stop_reason=best["stop_reason"],
@@ -292,8 +307,8 @@ def _progress(progress: Callable[[int, int], Any] | None, offset: int) -> Callab
     return lambda pass_no, rows: progress(offset + pass_no, rows)
 
 
-def _checkpointer(path: _Path, params: Any, inputs: Any, on_pass_end: Callable[[dict], Any] | None,
-                  early: bool) -> Callable[[dict], None]:
+def _checkpointer(path: _Path, params: Any, inputs: Any,
+                  on_pass_end: Callable[[dict], Any] | None) -> Callable[[dict], None]:
     """The step's ``on_pass_end``: checks that held-out rows exist (after the first pass, when
     every rank knows their total), then hands the caller the state made global."""
     k, value, penalty = path.step, path.values[path.step], path.penalty
@@ -317,7 +332,7 @@ def _checkpointer(path: _Path, params: Any, inputs: Any, on_pass_end: Callable[[
         out["path_step_stop"] = state["stop_reason"]
         out["stop_reason"] = None
         if state["stop_reason"] is not None:  # the step's last pass: is it the path's?
-            holdout, _ = step_holdout(local, early)
+            holdout, _ = step_holdout(local, early_stopping=False)
             done = path_over([*path.records, {"holdout_loss": holdout}], len(path.values))
             if done is not None:
                 out["stop_reason"] = state["stop_reason"]

@@ -49,7 +49,10 @@ def test_the_default_fits_a_path_and_records_it(spark, data, clean, tmp_path):
     reg = on_disk["regularization"]
     assert on_disk["config"]["train"]["l2"] == "auto" and reg["penalty"] == "l2"
     steps = reg["steps"]
-    assert [s["l2"] for s in steps] == PATHS["l2"].values()[: len(steps)]
+    # the path scales with the dataset's rows (all shards, held-out rows included): 100 / N first
+    assert reg["rows"] == 6000
+    assert [s["l2"] for s in steps] == PATHS["l2"].values(6000)[: len(steps)]
+    assert steps[0]["l2"] == pytest.approx(100 / 6000) and "(100 / 6,000 rows)" in reg["rule"]
     holdouts = [s["holdout_loss"] for s in steps]
     assert reg["chosen_step"] == holdouts.index(min(holdouts)) and reg["value"] == steps[reg["chosen_step"]]["l2"]
     assert reg["stop"] in ("end", "patience") and (reg["stop"] == "end") == (len(steps) == 8)

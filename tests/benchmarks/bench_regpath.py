@@ -2,8 +2,8 @@
 
 The same generated click logs (featurized once at bits 22; the test logs never sampled) are
 trained with every other setting at its default: once with ``train.l2 = auto`` and once for
-each of 8 fixed values log-spaced from 1e-8 to 1e-4 (``numpy.logspace(-4, -8, 8)``, the
-path's values), each a separate job, and once with the former default λ = 1e-6. All models are evaluated on the same test set.
+each of the path's 8 values for these rows (``PATHS["l2"].values(ROWS)``: 100/N down to 0.01/N,
+log-spaced), each a separate job, and once with the former default λ = 1e-6. All models are evaluated on the same test set.
 
 Target: auto's test logloss within 0.001 of the best grid point's. Also reported: the time auto
 costs (``train_seconds``, the job's own clock) against a single fixed-λ run (the run at the λ
@@ -28,7 +28,7 @@ ROWS = int(os.environ.get("TERASCALE_BENCH_REGPATH_ROWS", 500_000))
 TEST_ROWS, BITS = 200_000, 22
 if os.environ.get("TERASCALE_BENCH_SMALL"):
     ROWS, TEST_ROWS = 100_000, 20_000
-GRID = sorted(PATHS["l2"].values())  # the path's own values: numpy.logspace(-4, -8, 8), increasing
+GRID = sorted(PATHS["l2"].values(ROWS))  # the path's own values at these rows, increasing
 
 
 def main() -> dict:

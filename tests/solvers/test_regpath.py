@@ -111,19 +111,50 @@ def test_the_path_picks_the_fixed_lambda_with_the_best_held_out_loss():
     assert res.passes == sum(st["passes"] for st in path["steps"]) == len(res.history)
 
 
+def test_the_path_returns_the_minimiser_of_the_lambda_it_reports():
+    """With the run's defaults (early stopping on for fixed λ) and a path that starts far too
+    strong (the rows passed as 30: λ_0 = 3.3), whose first L-BFGS passes score worse than the
+    hybrid's online pass: every step still returns its last pass, and the chosen weights are a
+    stationary point of the objective at the reported λ (numpy's gradient)."""
+    tr, ho = scaled_problem(c=1.0)
+    params = SolverParams(solver="hybrid", l2="auto", passes=200, tol=1e-12)
+    assert params.early_stop_passes > 0
+    res = train_local(tr, params, holdout=ho, path_rows=30)
+    steps = res.path["steps"]
+    assert steps[0]["l2"] == pytest.approx(100 / 30) and res.path["rows"] == 30
+    offset = 0
+    for st in steps:
+        offset += st["passes"]
+        assert st["best_pass"] == offset and st["stop_reason"].startswith("converged"), st
+    lam = res.path["value"]
+    assert res.objective == pytest.approx(objective_np(tr, res.weights, res.intercept, lam), rel=1e-9)
+    x = tr.to_scipy()
+    w = tr.weights.astype(np.float64)
+    _, d1, _ = loss_np("logistic", x @ res.weights.astype(np.float64) + res.intercept, tr.labels.astype(np.float64))
+    grad = np.append(x.T @ (w * d1), w @ d1) / w.sum()
+    grad[:-1] += lam * res.weights
+    _, d0, _ = loss_np("logistic", np.zeros(tr.n_rows), tr.labels.astype(np.float64))
+    grad0 = np.append(x.T @ (w * d0), w @ d0) / w.sum()
+    assert np.abs(grad).max() <= 1e-4 * np.abs(grad0).max()  # float32 weights: not much below
+
+
 @pytest.mark.parametrize("solver,l1", [("hybrid", 0.0), ("lbfgs", 0.0), ("lbfgs", 3e-6)])
 def test_each_step_is_the_fixed_lambda_fit_warm_started_from_the_step_before(solver, l1):
     """Replayed as separate runs (step 0: the solver; later steps: L-BFGS from the step before's
-    returned weights), with early stopping on: the same held-out losses and weights, bit for bit.
+    returned weights), each without early stopping as the path runs its steps (the run's
+    early_stop_passes is left at its default, 3: a path ignores it): the same held-out losses
+    and weights, bit for bit.
     With train.l1 > 0 (elastic net) the path runs over l2 with l1 fixed, each step OWL-QN."""
     tr, ho = scaled_problem(n=1500, d=200)
     params = SolverParams(solver=solver, l2="auto", l1=l1, passes=12)
     res = train_local(tr, params, holdout=ho)
     init, replay = None, []
     for st in res.path["steps"]:
-        p = dataclasses.replace(params, l2=st["l2"], solver=solver if st["step"] == 0 else "lbfgs")
+        p = dataclasses.replace(params, l2=st["l2"], solver=solver if st["step"] == 0 else "lbfgs",
+                                early_stop_passes=0)
         fit = train_local(tr, p, holdout=ho, init=init)
-        assert step_holdout(fit.history, early_stopping=True)[0] == st["holdout_loss"]
+        assert step_holdout(fit.history, early_stopping=False)[0] == st["holdout_loss"]
+        assert st["best_pass"] == st["passes"] + sum(s["passes"] for s in res.path["steps"][: st["step"]])
         assert (len(fit.history), fit.stop_reason, fit.objective) == (st["passes"], st["stop_reason"], st["objective"])
         replay.append(fit)
         init = (fit.weights, fit.intercept)
@@ -266,6 +297,16 @@ def l1_problem(c: float = 0.003, n: int = 3000, d: int = 300, k: int = 30, seed:
 L1_CONVERGED = {"solver": "lbfgs", "l2": 0.0, "l1": "auto", "early_stop_passes": 0, "tol": 1e-10, "passes": 300}
 
 
+def test_the_path_values_scale_with_the_rows():
+    assert LAMBDAS == pytest.approx(list(np.logspace(-4, -8, 8)), rel=1e-12)  # rows not known
+    for rows in (200_000, 1_000_000, 20_000_000):  # l2: λN from 100 down to 0.01, 8 values
+        v = PATHS["l2"].values(rows)
+        assert v[0] * rows == pytest.approx(100.0) and v[-1] * rows == pytest.approx(0.01) and len(v) == 8
+        assert all(a / b == pytest.approx(10 ** (4 / 7)) for a, b in zip(v, v[1:], strict=False))
+    assert PATHS["l2"].values(1_000_000) == pytest.approx(LAMBDAS, rel=1e-12)  # the same path at 10^6 rows
+    assert PATHS["l1"].values(20_000_000) == PATHS["l1"].values() == LAMBDAS  # l1: fixed (regpath docstring)
+
+
 def test_the_l1_path_rule_and_one_auto_penalty_per_run():
     assert PATHS["l1"].values() == LAMBDAS  # the same fixed values, 1e-4 down to 1e-8 (regpath docstring)
     assert set(AUTO_PENALTIES) == set(PATHS)  # every penalty the catalogue lets be auto has a rule
@@ -310,16 +351,17 @@ def test_the_l1_path_picks_the_fixed_l1_with_the_best_held_out_loss():
 @pytest.mark.parametrize("solver", ["hybrid", "lbfgs"])
 def test_each_l1_step_is_the_fixed_l1_fit_warm_started_from_the_step_before(solver):
     """The replay of an L1 path as separate runs (step 0 the solver, later steps OWL-QN from the
-    step before's weights), with early stopping on: the same bits, and the steps' records hold
-    their models' non-zero counts."""
+    step before's weights), each without early stopping as the path runs its steps: the same
+    bits, and the steps' records hold their models' non-zero counts."""
     tr, ho = l1_problem(n=1500, d=200)
     params = SolverParams(solver=solver, l2=1e-8, l1="auto", passes=12)
     res = train_local(tr, params, holdout=ho)
     init, replay = None, []
     for st in res.path["steps"]:
-        p = dataclasses.replace(params, l1=st["l1"], solver=solver if st["step"] == 0 else "lbfgs")
+        p = dataclasses.replace(params, l1=st["l1"], solver=solver if st["step"] == 0 else "lbfgs",
+                                early_stop_passes=0)
         fit = train_local(tr, p, holdout=ho, init=init)
-        assert step_holdout(fit.history, early_stopping=True)[0] == st["holdout_loss"]
+        assert step_holdout(fit.history, early_stopping=False)[0] == st["holdout_loss"]
         assert (len(fit.history), fit.stop_reason, fit.objective) == (st["passes"], st["stop_reason"], st["objective"])
         assert st["nonzeros"] == np.count_nonzero(fit.weights)
         replay.append(fit)

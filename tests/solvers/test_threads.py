@@ -112,24 +112,35 @@ def test_progress_comes_from_the_calling_thread_and_is_monotone():
 
 
 def test_abandoning_a_pass_stops_every_block_and_the_pool_serves_the_next_pass():
+    """Each block ticks until a tick raises: it waits at its 60th row until the calling thread
+    has given up (more than 50 rows in all), so no block can finish first, whatever the
+    scheduling; both must then be stopped by their ticks."""
     started = threading.Barrier(2, timeout=30)
-    ticks = [0, 0]
+    gave_up = threading.Event()
+    ended = [None, None]
 
     def work(i, lo, hi, tick):
         started.wait()
-        for _ in range(100_000):
-            ticks[i] += 1
-            tick(ticks[i])
-        return i
+        n = 0
+        try:
+            while True:  # only a tick that raises ends it: the pass was abandoned
+                n += 1
+                tick(n)
+                if n == 60:
+                    assert gave_up.wait(30), "the calling thread never gave up"
+        except BaseException as e:
+            ended[i] = type(e).__name__
+            raise
 
     def give_up(rows):
         if rows > 50:
+            gave_up.set()
             raise KeyboardInterrupt("stand down")
 
     with RowThreads(2) as threads:
         with pytest.raises(KeyboardInterrupt, match="stand down"):
             threads.run(work, np.array([0, 1, 2]), give_up)
-        assert max(ticks) < 100_000  # stopped early
+        assert ended == ["_Stopped", "_Stopped"]  # both blocks stopped by their ticks
         assert threads.run(lambda i, lo, hi, tick: (lo, hi), np.array([0, 5, 9])) == [(0, 5), (5, 9)]
 
 
