@@ -109,6 +109,11 @@ def train_summary(meta: dict) -> str:
     ranks = meta["per_rank"]
     held = [x for x in h if x.get("holdout_loss") is not None]
     best = min(held, key=lambda x: x["holdout_loss"]) if held else None
+    held_text = f"; best held-out loss {best['holdout_loss']:.6f} (pass {best['pass']})" if best else ""
+    if (reg := meta.get("regularization")) and reg.get("steps"):  # a path: the chosen step's last pass
+        st = reg["steps"][reg["chosen_step"]]
+        if st.get("holdout_loss") is not None:
+            held_text = f"; held-out loss {st['holdout_loss']:.6f} there (pass {st['best_pass']})"
     return "\n".join([
         f"  solver             {meta['config']['train']['solver']} ({len(ranks)} workers), loss "
         f"{meta['config']['train']['loss']}, {penalties_text(meta)}",
@@ -116,7 +121,7 @@ def train_summary(meta: dict) -> str:
         f"  rows               {meta['data']['train_rows']:,} train + {meta['data']['holdout_rows']:,} held out"
         + (f" (negatives kept at rate {r:g}, weighted 1/{r:g})" if (r := meta["data"].get("negative_rate", 1.0)) < 1 else ""),
         f"  passes             {len(h)} (stopped: {meta.get('stop_reason') or 'n/a'}); objective {meta['objective']:.6f} at the returned weights"
-        + (f"; best held-out loss {best['holdout_loss']:.6f} (pass {best['pass']})" if best else ""),
+        + held_text,
         *([f"  recalibrated       {c}"] if (c := recalibration_text(meta)) else []),
         f"  time in job        {meta['train_seconds']:.2f} s (attempts: {len(meta['attempts'])})",
     ] + ([f"  weights            {w['nonzeros']:,} non-zero of {w['length']:,} (stored {w['storage']})"]
