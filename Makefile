@@ -8,7 +8,7 @@ export PYTHONHASHSEED := 0
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test test-cluster test-multihost bench bench-scale dist lint screenshot clean device-wheels device-check
+.PHONY: demo test test-cluster test-multihost bench bench-scale bench-scale-curve dist lint screenshot clean device-wheels device-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,12 @@ bench: $(BENCH_STAMP)
 ROWS ?= 100000000
 bench-scale: $(STAMP)
 	$(PY) -m tests.benchmarks scale --rows $(ROWS)
+
+# the scale curve (issue 32): every N into bench-results/scale.json, then docs/scale.png
+CURVE ?= 1000000 3000000 10000000 30000000 100000000
+bench-scale-curve: $(STAMP)
+	for n in $(CURVE); do $(PY) -m tests.benchmarks scale --rows $$n || exit 1; done
+	$(PY) -m tests.benchmarks.scale_plot --table
 
 # look at a training report as a person would: headless Chromium (Debian's chromium package)
 REPORT ?= demo-output/model/report.html

@@ -195,3 +195,20 @@ def test_data_is_removed_unless_kept_and_runs_of_each_size_accumulate(scale_run)
     assert sorted(p.name for p in work.iterdir()) == ["_scale_bench.json", "logs", "raw"]
     assert sorted(p.name for p in (work / "raw" / "train").glob("*.tsv.gz")) == [f"part-0000{i}.tsv.gz" for i in range(3)]
     assert (work / "raw" / "test" / "_truth.json").exists()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_the_curve_draws_the_complete_runs_only(scale_run, tmp_path):
+    from tests.benchmarks import scale_plot
+
+    _, res, _ = scale_run
+    runs = scale_plot.complete_runs(res)
+    assert [r["rows"] for r in runs] == [ROWS]  # the generate-only run at 3,000 rows is left out
+    out = scale_plot.plot(runs, tmp_path / "scale.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = scale_plot.table(runs).splitlines()
+    assert len(lines) == 3 and lines[2].startswith(f"| {ROWS:,} |")
+    st = runs[0]["stages"]
+    assert scale_plot.seconds_per_million(runs[0], "train") == pytest.approx(st["train"]["wall_s"] / st["train"]["rows"] * 1e6)
+    assert scale_plot.peak_rss(runs[0], "jvm") == max(s["rss_peak_bytes"].get("jvm", {}).get("max", 0) for s in st.values())
