@@ -100,7 +100,10 @@ class LBFGSPhase:
         """``space``: the set the hybrid's online phase agreed on (a superset of the features
         in some rank's data or non-zero in ``theta0``), else it is agreed here."""
         train = run.inputs.train
-        if run.inputs.agreed:  # a pass came first (hybrid): agree on the set, evaluate compact
+        # a pass came first (hybrid), or a phase restored from a checkpoint already numbered the
+        # rows (a path resumed at the end of a step: the rows may hold local numbers, and the run
+        # it resumes took this branch here): agree on the set, evaluate compact
+        if run.inputs.agreed or run.inputs.table is not None:
             table = working_table(run.inputs)
             if space is None:
                 space = ActiveFeatures.agree(run.comm, table.ids, train.n_features, theta0)

@@ -114,13 +114,15 @@ def _bench(results: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def scale_run(tmp_path_factory):
-    """One full run at ROWS (data removed after it; what it left is listed), then a
-    generate-only run at 3,000 rows with --keep in the same work folder (which replaces the
+    """One full run at ROWS with the fault drill (data removed after it; what it left is listed;
+    every pass slowed by 0.1 s and checkpointed, so the drill's kill lands inside a pass), then
+    a generate-only run at 3,000 rows with --keep in the same work folder (which replaces the
     first run's files there, and adds a run of another N to the results)."""
     results = tmp_path_factory.mktemp("scale")
     work = results / "work"
     full = _bench(results, "--rows", str(ROWS), "--rows-per-file", str(PER_FILE), "--test-rows", str(TEST_ROWS),
-                  "--set", "featurize.bits=18", "--workdir", str(work))
+                  "--set", "featurize.bits=18", "--workdir", str(work), "--fault",
+                  "--set", "train.inject.pass_delay_s=0.1", "--set", "train.checkpoint_interval_s=0")
     assert full.returncode == 0, full.stdout[-3000:] + full.stderr[-5000:]
     left = sorted(p.name for p in work.iterdir())
     kept = _bench(results, "--rows", "3000", "--rows-per-file", "1000", "--keep", "--stop-after", "generate",
@@ -135,7 +137,7 @@ def test_every_stage_is_measured_and_rows_are_conserved(scale_run):
     _, res, _ = scale_run
     run = res["runs"][str(ROWS)]
     st = run["stages"]
-    assert "failed" not in run and set(st) == {"generate", "generate_test", *SPARK_STAGES, "score"}
+    assert "failed" not in run and set(st) == {"generate", "generate_test", *SPARK_STAGES, "train_fault", "score"}
     assert st["generate"]["files"] == ROWS // PER_FILE and st["generate"]["processes"] == min(2, os.cpu_count())
     f = st["featurize"]
     assert f["lines"] == ROWS and f["rows"] + f["quarantined"] + f["dropped"] == f["lines"] and f["conserved"]
@@ -186,7 +188,7 @@ def test_data_is_removed_unless_kept_and_runs_of_each_size_accumulate(scale_run)
     results, res, left = scale_run
     assert list(res["runs"]) == ["3000:generate", str(ROWS)]  # merged, ordered by N
     assert res["runs"][str(ROWS)]["removed"] == ["raw", "data", "pred", "score-input.tsv", "scores.txt"]
-    assert left == ["_scale_bench.json", "logs", "metrics.json", "model"]
+    assert left == ["_scale_bench.json", "logs", "metrics.json", "model", "model-fault"]
     d = res["runs"][str(ROWS)]["disk"]
     assert d["raw_gzip_bytes"] > 0 and d["featurized_bytes"] > 0 and d["estimate_bytes"] > d["raw_gzip_bytes"]
     kept = res["runs"]["3000:generate"]
@@ -212,3 +214,17 @@ def test_the_curve_draws_the_complete_runs_only(scale_run, tmp_path):
     st = runs[0]["stages"]
     assert scale_plot.seconds_per_million(runs[0], "train") == pytest.approx(st["train"]["wall_s"] / st["train"]["rows"] * 1e6)
     assert scale_plot.peak_rss(runs[0], "jvm") == max(s["rss_peak_bytes"].get("jvm", {}).get("max", 0) for s in st.values())
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_rank_killed_in_a_late_pass_resumes_to_the_same_bits(scale_run):
+    _, res, _ = scale_run
+    run = res["runs"][str(ROWS)]
+    f = run["fault"]
+    passes = run["stages"]["train"]["passes"]
+    assert f["killed"] and f["at_pass"] == -(-2 * passes // 3) and f["at_pass"] <= f["pass_done"] < passes, f
+    assert f["rss_bytes"] > 50 * MiB  # a rank (its shard and model), not an idle worker
+    assert f["attempts"] == 2 and f["same_bits"] and f["same_history_length"], f
+    assert f["objective"][0] == f["objective"][1]
+    assert f["median_pass_s"] > 0.1 and f["time_lost_passes"] == pytest.approx(f["time_lost_s"] / f["median_pass_s"])

@@ -131,6 +131,29 @@ def test_a_rank_failing_inside_the_path_resumes_on_the_same_lambda(spark, data, 
         [{k: v for k, v in s.items() if k not in drop} for s in steps]
 
 
+def test_a_rank_failing_right_after_a_steps_last_pass_resumes_every_later_step_bit_for_bit(spark, data, clean,
+                                                                                               tmp_path):
+    """The checkpoint of a step's last pass holds a finished step: the new attempt restores it
+    without a pass (the rows, handed over, are renumbered in place by the restored phase) and
+    starts the next step. That step must start as in the clean run (its first evaluation over
+    the working table, not over the renumbered rows as if they held feature ids), so every later
+    step has the clean run's passes and held-out loss, whichever step is chosen."""
+    _, meta = clean
+    steps = meta["regularization"]["steps"]
+    assert len(steps) >= 3
+    fail_at = steps[0]["passes"]  # the checkpoint of step 0's last pass
+    cfg = load_config([], [*BASE, "train.inject.fail_shard=1", f"train.inject.fail_pass={fail_at}",
+                           "train.inject.fail_mode=raise"])
+    hurt = run_train(spark, cfg, str(data / "tr"), str(tmp_path / "hurt"))
+    assert len(hurt["attempts"]) == 2 and {r["resumed_from_pass"] for r in hurt["per_rank"]} == {fail_at}
+    drop = ("seconds",)
+    assert [{k: v for k, v in s.items() if k not in drop} for s in hurt["regularization"]["steps"]] == \
+        [{k: v for k, v in s.items() if k not in drop} for s in steps]
+    w_clean, b_clean, _ = load_model(str(clean[0]))
+    w_hurt, b_hurt, _ = load_model(str(tmp_path / "hurt"))
+    assert w_hurt.tobytes() == w_clean.tobytes() and b_hurt == b_clean
+
+
 def test_l1_auto_fits_an_l1_path_and_evaluate_uses_its_choice(spark, data, tmp_path):
     out = tmp_path / "m"
     cfg = load_config([], [*BASE, "train.l1=auto", "train.l2=1e-8"])

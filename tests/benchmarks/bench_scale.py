@@ -30,6 +30,12 @@ marker file ``_scale_bench.json`` lists what that run wrote, which is then remov
 run (also a failed one) the raw logs, both datasets, the predictions and the score files are
 removed unless ``--keep``; the model, the metrics and the logs (``logs/<stage>.out|.err``) stay.
 
+``--fault`` (issue 32 item 5) trains a second time into ``model-fault`` while
+:mod:`tests.benchmarks.scale_fault` SIGKILLs one rank's Python process in the middle of a late
+pass (after two thirds of the undisturbed run's passes, ``--fault-pass`` to choose): the job
+must resume from its last checkpoint and end with the undisturbed model, bit for bit; the run's
+``fault`` entry holds the comparison and the time lost against the pass time.
+
 Results: ``bench-results/scale.json``, ``{"benchmark": "scale", "runs": {"<N>": run}}``: a run
 replaces the earlier run of the same N and leaves the others, so the runs of the scale curve
 (item 2) accumulate in one file; a run cut short by ``--stop-after STAGE`` goes under
@@ -50,6 +56,7 @@ from pathlib import Path
 from tests.benchmarks import scale_disk
 from tests.benchmarks.common import RESULTS, ROOT, write_result
 from tests.benchmarks.measured import run_measured
+from tests.benchmarks.scale_fault import Killer, compare
 from tests.benchmarks.scale_figures import (
     cli_seconds,
     dir_bytes,
@@ -67,8 +74,9 @@ STAGES = ("generate", "featurize", "train", "evaluate", "predict", "score")
 TRAIN_SETS = ("train.data_cache=auto", "train.rank_memory_mb=2048")
 MARKER = "_scale_bench.json"
 #: what a run writes in its work folder; DATA is removed after the run unless --keep
-ENTRIES = ("raw", "data", "model", "metrics.json", "pred", "score-input.tsv", "scores.txt", "logs")
-DATA = ("raw", "data", "pred", "score-input.tsv", "scores.txt")
+ENTRIES = ("raw", "data", "model", "metrics.json", "pred", "score-input.tsv", "scores.txt", "logs",
+           "model-fault", "ckpt-fault")
+DATA = ("raw", "data", "pred", "score-input.tsv", "scores.txt", "ckpt-fault")
 
 
 class StageFailed(RuntimeError):
@@ -89,6 +97,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the raw logs, datasets, predictions and score files")
     p.add_argument("--stop-after", choices=STAGES, default="score", help="the last stage to run")
     p.add_argument("--interval", type=float, default=0.2, help="seconds between /proc samples")
+    p.add_argument("--fault", action="store_true", help="also train once more, SIGKILLing a rank in a late pass")
+    p.add_argument("--fault-pass", type=int, help="kill after this pass (default: 2/3 of the undisturbed run's)")
     a = p.parse_args(argv)
     a.test_rows = min(5_000_000, a.rows // 2) if a.test_rows is None else a.test_rows
     a.score_lines = min(1_000_000, a.test_rows) if a.score_lines is None else a.score_lines
@@ -128,6 +138,7 @@ class Runner:
         exe = Path(sys.executable).with_name("terascale")
         self.cli = [str(exe)] if exe.exists() else [sys.executable, "-m", "terascale.jobs.cli"]
         self.spark_sets = [f"spark.master={a.master}"]
+        self.fault: dict | None = None
 
     def _sets(self, extra=()) -> list[str]:
         return [x for s in (*self.spark_sets, *extra, *self.a.sets) for x in ("--set", s)]
@@ -179,6 +190,21 @@ class Runner:
                                          str(self.work / "model"), *self._sets(TRAIN_SETS)], rows)
         r.update(train_figures(self.work / "model", rows))
         r["eta"] = eta_figures(err, r["train_seconds"])
+        if self.a.fault:
+            self.fault = self.train_fault(rows, r["passes"])
+
+    def train_fault(self, rows: int, passes: int) -> dict:
+        """The same training once more, a rank killed after pass ``--fault-pass`` (scale_fault)."""
+        at = self.a.fault_pass or max(1, math.ceil(2 * passes / 3))
+        ckpt = self.work / "ckpt-fault"
+        with Killer(ckpt, at) as killer:
+            self.stage("train_fault", ["train", "--input", str(self.work / "data" / "train"), "--model",
+                                       str(self.work / "model-fault"),
+                                       *self._sets((*TRAIN_SETS, f"train.checkpoint_dir={ckpt}"))], rows)
+        out = compare(self.work / "model", self.work / "model-fault", killer.record)
+        print(f"scale: fault after pass {out.get('pass_done')}: {out['attempts']} attempts, same bits: "
+              f"{out['same_bits']}, lost {out['time_lost_s']:.1f} s = {out['time_lost_passes'] or 0:.1f} passes", flush=True)
+        return out
 
     def evaluate(self, truth: dict) -> dict:
         rows = self.stages["featurize_test"]["rows"]
@@ -252,6 +278,8 @@ def run(a: argparse.Namespace) -> dict:
         for name in STAGES[1:STAGES.index(a.stop_after) + 1]:
             steps[name]()
         rec["bayes_logloss"] = truth.get("bayes_logloss")
+        if runner.fault is not None:
+            rec["fault"] = runner.fault
     except StageFailed as e:
         rec["failed"] = str(e)
     finally:
