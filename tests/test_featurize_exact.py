@@ -122,3 +122,25 @@ def test_task_output_decodes_to_the_reference_rows_in_order(logs, tmp_path, form
     assert r["multi_rows"] == sum(v is not None for *_, v in want_rows)
     md = pq.ParquetFile(str(tmp_path / "attempt" / DATA_FILE)).metadata
     assert md.num_row_groups > 2
+
+
+_NUMBERED = b"".join(b"0\t%d\n" % i for i in range(3000))
+
+
+@pytest.mark.parametrize("data", [gzip.compress(_NUMBERED)[:-1000], _NUMBERED,
+                                  gzip.compress(_NUMBERED) + b"\x1f\x8bjunk" * 8],
+                         ids=["truncated", "not gzip", "junk after a member"])
+def test_a_bad_gzip_file_is_an_error_naming_it(tmp_path, data):
+    path = tmp_path / "bad.tsv.gz"
+    path.write_bytes(data)
+    opts = TaskOptions(max_line_bytes=MAX_LINE, block_bytes=1 << 16, on_error="quarantine", compression="snappy")
+    with pytest.raises(OSError, match="bad.tsv.gz"):
+        run_task(0, [Piece(str(path), 0, -1, 1, True)], SPEC, opts, str(tmp_path / "attempt"))
+
+
+def test_an_empty_gzip_file_has_no_lines(tmp_path):
+    path = tmp_path / "empty.tsv.gz"
+    path.write_bytes(b"")
+    opts = TaskOptions(max_line_bytes=MAX_LINE, block_bytes=1 << 16, on_error="quarantine", compression="snappy")
+    r = run_task(0, [Piece(str(path), 0, -1, 1, True)], SPEC, opts, str(tmp_path / "attempt"))
+    assert r["rows"] == 0 and r["inputs"][str(path)]["lines"] == 0
