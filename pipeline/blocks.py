@@ -8,6 +8,7 @@ than ``max_line_bytes`` that does not fit a block is not buffered whole: it is r
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -201,6 +202,14 @@ def iter_blocks(piece: Piece, block_bytes: int, max_line: int, raw_cap: int) -> 
                 break
 
 
+@functools.lru_cache(maxsize=4)
+def _int_table(int_mode: int, mask: int, seed: int) -> np.ndarray:
+    """``build_int_table`` for a spec, built once per process (a Python worker runs many tasks).
+    Shared by the parsers of that spec, which only read it."""
+    pdata, poff = field_prefixes()
+    return build_int_table(int_mode, pdata, poff, mask, seed)
+
+
 @dataclass
 class ParsedBlock:
     n_lines: int
@@ -239,7 +248,7 @@ class BlockParser:
             self.pword = prefix_words(self.pdata, self.poff)
             self.int_mode = 0 if spec.int_bucketing == "log_squared" else 1
             self.scratch = np.zeros(2 * max_line + 64, dtype=np.uint8)
-            self.int_table = build_int_table(self.int_mode, self.pdata, self.poff, self.mask, spec.seed)
+            self.int_table = _int_table(self.int_mode, self.mask, spec.seed)
             self._seps = np.zeros(0, np.int64)
             self._tmp = np.zeros(128, np.int64)  # scratch of the row sort (RANK_SORT_MAX = 64)
         self._cap_lines = 0

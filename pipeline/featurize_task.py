@@ -80,6 +80,8 @@ class TaskOptions:
 
 
 def _arrow_batch(labels, indptr, indices, values, multi, weights) -> pa.RecordBatch:
+    """The rows as a batch of OUTPUT_SCHEMA. It keeps ``labels``, ``indices`` and ``weights``
+    (Arrow wraps them without a copy); ``indptr``, ``values`` and ``multi`` are read, not kept."""
     n = labels.shape[0]
     offsets = pa.array(indptr.astype(np.int32))
     idx = pa.ListArray.from_arrays(offsets, pa.array(indices), type=OUTPUT_SCHEMA.field("indices").type)
@@ -233,8 +235,8 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
                 totals["positives"] += float(labels.sum(dtype=np.float64))
                 totals["weight_sum"] += float(weights.sum(dtype=np.float64))
                 totals["multi_rows"] += int(multi.sum())
-                if not owned:
-                    labels, indptr, indices, values, multi = (a.copy() for a in (labels, indptr, indices, values, multi))
+                if not owned:  # what the batch keeps as it is; indptr, values and multi go into new arrays
+                    labels, indices = labels.copy(), indices.copy()
                 pending.append(_arrow_batch(labels, indptr, indices, values, multi, weights))
                 pending_rows += n_rows
                 phases["rows"] += clock() - c1
