@@ -58,6 +58,12 @@ print(json.dumps({"lines": n, "seconds": time.perf_counter() - t0, "cpu_seconds"
 """
 
 
+def _pythonpath() -> str:
+    """The subprocesses' PYTHONPATH: the caller's first (a run may measure another checkout's
+    ``terascale`` package put there), then this repository (for ``tests``)."""
+    return os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)
+
+
 class _TaskTimes(logging.Handler):
     """Keeps the ``task_times`` of the featurize driver's log record (``spark_featurize``)."""
 
@@ -125,7 +131,7 @@ def _featurize(spark, run_featurize, spec, fconf, inputs: str, out, handler: _Ta
 
 
 def _scorer(spec_json: dict, files: list[str]) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NUMBA_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": _pythonpath(), "NUMBA_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-c", _SCORER, json.dumps(spec_json), *files], capture_output=True, text=True,
                        env=env, cwd=ROOT, timeout=1800, check=True)
     s = json.loads(r.stdout.strip().splitlines()[-1])
@@ -196,7 +202,7 @@ def main() -> dict:
         logger.setLevel(level)
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NUMBA_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": _pythonpath(), "NUMBA_NUM_THREADS": "1"}
     one = [files[0], sorted(str(p) for p in data.with_name(data.name + "-gz").glob("*.gz"))[0]]
     r = subprocess.run([sys.executable, "-m", "tests.benchmarks.featurize_phases", *one], capture_output=True,
                        text=True, env=env, cwd=ROOT, timeout=1800, check=True)
