@@ -24,7 +24,13 @@ import numpy as np
 
 from terascale.pipeline import artifacts, fsutil, groups, tokendict
 from terascale.pipeline.blocks import Piece, align_range
-from terascale.pipeline.featurize_task import MalformedInput, TaskOptions, run_task
+from terascale.pipeline.featurize_task import (
+    MalformedInput,
+    TaskOptions,
+    format_task_times,
+    run_task,
+    task_times,
+)
 from terascale.pipeline.manifest import MANIFEST, QUARANTINE_DIR, build_manifest, merge_inputs
 from terascale.pipeline.plan import assign, output_files, plan_ranges
 from terascale.pipeline.redact import redact_text
@@ -175,6 +181,8 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
         raise FeaturizeError(f"featurize failed: {task_error_summary(e)}") from e
     finally:
         sc.setJobDescription(None)
+    times = task_times(results)  # the bench reads the record's task_times
+    log.info("featurize: %s", format_task_times(times), extra={"task_times": times})
     try:
         check_not_empty(merge_inputs(results, [f.uri for f in files]), fconf.allow_empty)
     except EmptyInputError:

@@ -29,7 +29,7 @@ DEVICE_HAS = ("numpy", "scipy", "numba", "pyarrow", "pyyaml", "matplotlib")
 #: not needed there: the device check runs no Spark
 LEFT_BEHIND = ("pyspark",)
 #: shipped as wheels: terascale's remaining dependencies and what they need at run time
-SHIPPED = ("mmh3", "cryptography", "cffi", "pycparser")
+SHIPPED = ("mmh3", "cryptography", "cffi", "pycparser", "isal")
 
 
 def _name(requirement: str) -> str:
