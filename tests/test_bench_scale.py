@@ -54,15 +54,17 @@ def test_processes_are_classified_by_command_line_and_parent():
 
 
 def test_a_tree_is_measured_whole_orphans_and_short_lived_processes_included(tmp_path):
-    """A child writes 1 MiB and starts two grandchildren: one writes 2 MiB and is waited for, one
-    holds 96 MiB for a second, writes 3 MiB and outlives its parent (an orphan). The wrapper's
-    counts hold every byte once; the watcher sees the orphan's peak."""
+    """A child writes 1 MiB and starts two grandchildren: one lives a second, writes 2 MiB and is
+    waited for, one holds 96 MiB for two seconds, writes 3 MiB and outlives its parent (an orphan).
+    The wrapper's counts hold every byte once (exact, whatever the timing); the watcher, which
+    samples every 50 ms, sees every process (each lives a second: 20 samples) and the orphan's
+    peak."""
     grandchild = "import sys, time; b = bytearray({hold} << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep({s}); open(sys.argv[1], 'wb').write(b'z' * ({mib} << 20))"
     child = textwrap.dedent(f"""
         import subprocess, sys
         open({str(tmp_path / 'c')!r}, 'wb').write(b'y' * (1 << 20))
-        subprocess.Popen([sys.executable, '-c', {grandchild.format(hold=96, s=1.0, mib=3)!r}, {str(tmp_path / 'orphan')!r}])
-        subprocess.run([sys.executable, '-c', {grandchild.format(hold=0, s=0, mib=2)!r}, {str(tmp_path / 'waited')!r}])
+        subprocess.Popen([sys.executable, '-c', {grandchild.format(hold=96, s=2.0, mib=3)!r}, {str(tmp_path / 'orphan')!r}])
+        subprocess.run([sys.executable, '-c', {grandchild.format(hold=0, s=1.0, mib=2)!r}, {str(tmp_path / 'waited')!r}])
     """)  # exits without waiting for the first grandchild
     with open(tmp_path / "out", "wb") as out:
         r = run_measured([sys.executable, "-c", child], disk_path=str(tmp_path), io_json=tmp_path / "io.json",
