@@ -139,13 +139,14 @@ def test_every_stage_is_measured_and_rows_are_conserved(scale_run):
     _, res, _ = scale_run
     run = res["runs"][str(ROWS)]
     st = run["stages"]
-    assert "failed" not in run and set(st) == {"generate", "generate_test", *SPARK_STAGES, "train_fault", "score"}
+    assert "failed" not in run and set(st) == {"generate", "generate_test", *SPARK_STAGES, "train_fault", "score_first", "score"}
     assert st["generate"]["files"] == ROWS // PER_FILE and st["generate"]["processes"] == min(2, os.cpu_count())
     f = st["featurize"]
     assert f["lines"] == ROWS and f["rows"] + f["quarantined"] + f["dropped"] == f["lines"] and f["conserved"]
     assert f["input_files"] == ROWS // PER_FILE
     assert st["featurize_test"]["rows"] == TEST_ROWS == st["predict"]["rows_written"]
     assert st["score"]["scores_written"] == TEST_ROWS == run["score_lines"]
+    assert st["score_first"]["rows"] == 1000  # the cold run before it
     for name, s in st.items():
         assert s["returncode"] == 0 and s["rows"] > 0 and s["rows_per_s"] > 0 and s["cpu_s"] > 0, name
         assert s["unreaped"] == [], name
