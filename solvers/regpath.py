@@ -10,12 +10,10 @@ the first pass over the data: speculative execution, :mod:`solvers.setup`). The 
 for the mean-form objective with feature values of order 1, which hashed tokens have (value 1):
 the penalty then shrinks a feature seen in n_j = φ·N rows by about a factor
 1/(1 + λN/(n_j·p(1−p))), so λN is the count of rows below which a feature barely counts, and the
-held-out optimum sits at a roughly constant λN as the data grow: λN ≈ 20–50 on generated click
-logs at 200k, 500k and 20M rows (1e-4 at 200k–500k, 1e-6 at 20M). A path fixed in λ (the former
-1e-4 … 1e-8) started at λN = 2,000 at 20M rows, where every step was worse than the first
-online pass, and stopped by patience three steps later. The path runs from λN = 100 (features
-in fewer than ~100 rows barely count) to λN = 0.01 (four decades in 8 values, a factor 3.7 a
-step). Without N (``path_rows`` = 0) the values are 1e-4 … 1e-8, the same path at N = 10^6.
+held-out optimum sits at a roughly constant λN as the data grow (a few tens on generated click
+logs from 200k to 20M rows: docs/design-notes.md, "the path follows N"), where a path fixed in λ
+would start ever further above it. The path runs from λN = 100 (features in fewer than ~100 rows
+barely count) to λN = 0.01 (four decades in 8 values, a factor 3.7 a step). Without N (``path_rows`` = 0) the values are 1e-4 … 1e-8, the same path at N = 10^6.
 Data with other value scales (LibSVM files) should be scaled to values of order 1 (max-abs) or
 given a number.
 
@@ -26,10 +24,9 @@ has the solver's whole budget (``passes``, the hybrid's online passes included i
 runs to its tolerance (``tol``) or that budget, **without early stopping** (``early_stop_passes``
 applies to runs with a fixed λ), so a step returns the minimiser of its objective at λ_k, as far
 as the tolerance goes: the λ the path reports is the one its weights minimise, and the objective
-it reports is theirs. (With early stopping inside the steps, a step whose L-BFGS passes all
-scored worse than its first online pass returned the online pass's average, a model no λ had
-shaped, reported with an objective at λ_0 of 2.07 at 20M rows.) The step's held-out loss is that
-of its last pass (the tracker's number, an AllReduce result, so the same bits on every rank).
+it reports is theirs (with early stopping inside a step, a step whose L-BFGS passes all scored
+worse than its online pass would return that pass's average, a model no λ shaped). The step's
+held-out loss is that of its last pass (the tracker's number, an AllReduce result, so the same bits on every rank).
 
 **The choice.** The step with the smallest held-out loss; a tie goes to the earlier step (the
 larger λ). The path stops early once ``PATIENCE`` = 2 steps in a row after the best are not
