@@ -114,7 +114,9 @@ class StandaloneCluster:
                 alive = [w for w in self.state()["workers"] if w["state"] == "ALIVE"]
                 if len(alive) >= self.n_workers:
                     return
-            except OSError:
+            except (OSError, ValueError):
+                # not up yet: no answer, or (while the master's web UI is still starting) its
+                # HTML page where /json/ will be (a CI run on a loaded machine met it)
                 pass
             time.sleep(0.5)
         raise TimeoutError(f"{self.n_workers} workers did not register within {self.start_timeout_s} s; logs in {self.dir}")
