@@ -117,14 +117,15 @@ def _bench(results: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def scale_run(tmp_path_factory):
     """One full run at ROWS with the fault drill (data removed after it; what it left is listed;
-    every pass slowed by 0.1 s and checkpointed, so the drill's kill lands inside a pass), then
-    a generate-only run at 3,000 rows with --keep in the same work folder (which replaces the
+    every pass slowed by 0.25 s and checkpointed: the last third of the passes lasts more than
+    twice rank 0's 2 s progress-file interval, so the drill sees a late pass and its kill lands
+    inside one, however fast the machine), then a generate-only run at 3,000 rows with --keep in the same work folder (which replaces the
     first run's files there, and adds a run of another N to the results)."""
     results = tmp_path_factory.mktemp("scale")
     work = results / "work"
     full = _bench(results, "--rows", str(ROWS), "--rows-per-file", str(PER_FILE), "--test-rows", str(TEST_ROWS),
                   "--set", "featurize.bits=18", "--workdir", str(work), "--fault",
-                  "--set", "train.inject.pass_delay_s=0.1", "--set", "train.checkpoint_interval_s=0")
+                  "--set", "train.inject.pass_delay_s=0.25", "--set", "train.checkpoint_interval_s=0")
     assert full.returncode == 0, full.stdout[-3000:] + full.stderr[-5000:]
     left = sorted(p.name for p in work.iterdir())
     kept = _bench(results, "--rows", "3000", "--rows-per-file", "1000", "--keep", "--stop-after", "generate",
