@@ -131,13 +131,15 @@ class _Declarations:
     l2: float = param("auto", "lambda of the mean-form objective (1/sum w) sum w*loss + lambda/2 |beta|^2; auto = "
                       "fit a decreasing path of 8 values from 100/N to 0.01/N in one run (N: the dataset's rows; 1e-4 to "
                       "1e-8 where N is not known), each warm-started from the one before, and keep the one with the best "
-                      "held-out loss (solvers.regpath; needs held-out rows and "
+                      "held-out loss; when 100/N beats the next value, the path turns and tries up to 4 larger values "
+                      "(370/N ...) while each wins (solvers.regpath; needs held-out rows and "
                       "a solver with a path: hybrid or lbfgs)", AutoOr(Interval(0, None)))
     l1: float = param(0.0, "lambda_1 of the L1 penalty lambda_1 |beta|_1 added to the objective (elastic net with l2; "
                       "b unpenalized): > 0 makes the L-BFGS phase OWL-QN and the online passes shrink weights to 0 "
                       "(truncated gradient), so the model is sparse; not with cocoa; auto = fit a decreasing path of 8 "
                       "values from 1e-4 to 1e-8 in one run (sparse to dense, each warm-started from the one before) "
-                      "and keep the one with the best held-out loss, as l2 = auto does (then l2 must be a number)",
+                      "and keep the one with the best held-out loss, turning up from 1e-4 when it wins, as l2 = auto "
+                      "does (then l2 must be a number)",
                       AutoOr(Interval(0, None)))
     passes: int = param(20, "maximum passes over the data, online passes included", Interval(1, 100000, integer=True))
     online_passes: int = param(1, "hybrid: online passes before L-BFGS starts", Interval(0, 100000, integer=True))

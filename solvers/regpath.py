@@ -30,12 +30,22 @@ held-out loss is that of its last pass (the tracker's number, an AllReduce resul
 
 **The choice.** The step with the smallest held-out loss; a tie goes to the earlier step (the
 larger λ). The path stops early once ``PATIENCE`` = 2 steps in a row after the best are not
-better (held-out loss is usually unimodal in λ; later steps would only cost time). The result
+better (held-out loss is usually unimodal in λ; later steps would only cost time).
+
+**The turn.** A path fixed at λN = 100 cannot tell whether a larger value would win when its
+first value does; the more rows, the more the held-out optimum moves up in λN (generated click
+logs: λN ≈ 27 wins at 1M and 3M rows, 100 from 10M on). So when step 1 is worse than step 0,
+the minimum of a unimodal held-out loss lies at or above λ_0, and the path turns: it tries
+λ_0·r, λ_0·r², … (r the factor a step, 3.7; at most ``up`` = 4 values, to λN ≈ 19,000), each
+warm-started from the best model so far (the first from step 0's), while each beats the best; the
+first that does not ends it ("bracketed": its neighbours below and above are both worse, so the
+best value of the grid is found). Steps run in this order, so ``steps[k]`` is the k-th one run,
+not the k-th largest; the most steps a path runs is ``max(n, 2 + up)`` = 8. The result
 is the chosen step's model, its objective f at its λ, and its stop reason; ``history`` holds
 every step's passes numbered on from the step before (each entry also carries the step and its
 λ), and :attr:`TrainResult.path` the record::
 
-    {"penalty": "l2", "value": λ*, "chosen_step": k*, "rule": "...", "stop": "end" | "patience",
+    {"penalty": "l2", "value": λ*, "chosen_step": k*, "rule": "...", "stop": "end" | "patience" | "bracketed",
      "steps": [{"step", "l2", "objective", "holdout_loss", "passes", "seconds", "stop_reason",
                 "best_pass", "nonzeros"}, ...]}
 
@@ -49,10 +59,12 @@ numbers and history made global, plus ``path_step``, ``path_values``, ``path_rec
 steps done), ``path_pass_offset``, ``path_time_offset``, ``path_step_stop`` (the inner stop
 reason) and the best model so far (``path_best_weights``, ``path_best_intercept``); its
 ``stop_reason`` is set only when the path is over. Resuming from it continues step k on the
-same λ from that state, so a resumed run ends with the bits of an uninterrupted one.
+same λ from that state (the λ of a step follows from the steps before it: :meth:`PathRule.next_value`),
+so a resumed run ends with the bits of an uninterrupted one.
 
 **The L1 path** (``train.l1 = auto``, with ``train.l2`` a number, 0 allowed) is the same
-procedure over λ₁ with the same fixed values, 1e-4 down to 1e-8: sparse to dense, as glmnet
+procedure over λ₁ with the same fixed values, 1e-4 down to 1e-8 (and the same turn, up to
+λ₁ ≈ 0.019 where a sparser model wins): sparse to dense, as glmnet
 runs its path, each step OWL-QN (:mod:`solvers.owlqn`) warm-started from the sparser model
 before it. For hashed tokens (value 1) the coordinate j of the gradient at the optimum without
 feature j is about φ_j·δ_j (φ_j the fraction of rows it is seen in, δ_j the mean residual
@@ -90,13 +102,15 @@ WARM_SOLVER = {"hybrid": "lbfgs"}
 class PathRule:
     """n values log-spaced from ``first`` down to ``last`` (see the module docstring); with
     ``first_times_rows`` > 0 and the data's rows N known, from ``first_times_rows / N`` down by
-    the same ratio ``last / first``."""
+    the same ratio ``last / first``; and at most ``up`` values above the first, on by the same
+    factor a step (tried only when the first value beats the second: :meth:`next_value`)."""
 
     penalty: str
     first: float
     last: float
     n: int
     first_times_rows: float = 0.0
+    up: int = 0
 
     def bounds(self, rows: int = 0) -> tuple[float, float]:
         """(first, last) for data of ``rows`` rows (0: not known)."""
@@ -106,20 +120,72 @@ class PathRule:
         return self.first, self.last
 
     def values(self, rows: int = 0) -> list[float]:
+        """The downward values, the first to the last."""
         first, last = self.bounds(rows)
         return [float(v) for v in np.logspace(math.log10(first), math.log10(last), self.n)]
+
+    def up_values(self, rows: int = 0) -> list[float]:
+        """The values above the first, nearest first: first · r^j, j = 1 … up, r the path's
+        factor a step (first / second value)."""
+        first, last = self.bounds(rows)
+        step = (math.log10(first) - math.log10(last)) / (self.n - 1)
+        return [float(10.0 ** (math.log10(first) + j * step)) for j in range(1, self.up + 1)]
+
+    def max_steps(self) -> int:
+        """The most steps a path runs: the n values down, or two of them and the ``up`` above."""
+        return max(self.n, 2 + self.up) if self.up else self.n
+
+    def next_value(self, records: list[dict], rows: int = 0) -> float | None:
+        """The value of the step after ``records`` (the steps done, in the order run, each with
+        its value under :attr:`penalty` and its held-out loss), None when the path is over
+        (:meth:`over`). Down the values while they win or for :data:`PATIENCE` steps after the
+        best; but when the second value is worse than the first, the held-out loss (unimodal in
+        log λ) has its minimum at or above the first value, so the path turns: up from the
+        first value, one factor a step, while each step beats the best so far."""
+        if self.over(records, rows) is not None:
+            return None
+        ups = self._ups(records, rows)
+        if ups or (self.up and len(records) == 2 and choose(records) == 0):
+            return self.up_values(rows)[ups]
+        return self.values(rows)[len(records)]
+
+    def over(self, records: list[dict], rows: int = 0) -> str | None:
+        """Why the path ends after ``records``, or None: "end" after its last value (down, or the
+        last of the ``up`` values), "patience" after PATIENCE steps down worse than the best,
+        "bracketed" when a step up is not better than the best (the step below it won too)."""
+        if not records:
+            return None
+        best = choose(records)
+        ups = self._ups(records, rows)
+        if ups:
+            if best != len(records) - 1:
+                return "bracketed"
+            return "end" if ups >= self.up else None
+        if len(records) >= self.n:
+            return "end"
+        if len(records) - 1 - best >= PATIENCE and not (self.up and len(records) == 2):
+            return "patience"
+        return None
+
+    def _ups(self, records: list[dict], rows: int) -> int:
+        """How many of ``records`` are steps above the first value."""
+        first = self.bounds(rows)[0]
+        return sum(1 for r in records if r[self.penalty] > first)
 
     def describe(self, rows: int = 0) -> str:
         first, last = self.bounds(rows)
         scaled = (f" ({self.first_times_rows:g} / {rows:,} rows)" if self.first_times_rows > 0 and rows > 0
                   else "")
+        up = (f"; when the second value is worse than the first, up from the first by the same factor "
+              f"(at most {self.up} values, to {self.up_values(rows)[-1]:.3g}) while each step beats the best"
+              if self.up else "")
         return (f"{self.n} values of {self.penalty} log-spaced from {first:.3g}{scaled} down to {last:.3g}, each "
                 f"warm-started from the one before; the smallest held-out loss wins (ties: the larger value); "
-                f"stops after {PATIENCE} steps in a row worse than the best")
+                f"stops after {PATIENCE} steps in a row worse than the best{up}")
 
 
-PATHS: dict[str, PathRule] = {"l2": PathRule("l2", 1e-4, 1e-8, 8, first_times_rows=100.0),
-                              "l1": PathRule("l1", 1e-4, 1e-8, 8)}
+PATHS: dict[str, PathRule] = {"l2": PathRule("l2", 1e-4, 1e-8, 8, first_times_rows=100.0, up=4),
+                              "l1": PathRule("l1", 1e-4, 1e-8, 8, up=4)}
 
 
 def auto_penalty(params: Any) -> str | None:
@@ -133,7 +199,7 @@ def auto_penalty(params: Any) -> str | None:
 def path_passes(params: Any) -> int:
     """The most passes a run with ``params`` may make (a path: every step's budget)."""
     name = auto_penalty(params)
-    return params.passes * (PATHS[name].n if name else 1)
+    return params.passes * (PATHS[name].max_steps() if name else 1)
 
 
 def effective_penalty(meta: dict, name: str) -> float:
@@ -179,15 +245,6 @@ def choose(records: list[dict]) -> int:
         if h is not None and (best is None or h < records[best]["holdout_loss"]):
             best = i
     return 0 if best is None else best
-
-
-def path_over(records: list[dict], n: int) -> str | None:
-    """"end" after the last step, "patience" after PATIENCE steps worse than the best, else None."""
-    if len(records) >= n:
-        return "end"
-    if len(records) - 1 - choose(records) >= PATIENCE:
-        return "patience"
-    return None
 
 
 def _global(e: dict, penalty: str, step: int, value: float, pass_off: int, time_off: float) -> dict:
@@ -262,9 +319,9 @@ def train_path(penalty: str, fit: Callable[..., TrainResult], inputs: Any, comm:
         path, inner = _Path(penalty, values), None
     init = theta0
     while True:
-        k, value = path.step, values[path.step]
+        k, value = path.step, rule.next_value(path.records, rows)
         p_k = step_params(params, penalty, k, value)
-        res = fit(inputs, comm, p_k, _checkpointer(path, params, inputs, on_pass_end),
+        res = fit(inputs, comm, p_k, _checkpointer(path, rule, rows, value, params, inputs, on_pass_end),
                   inner, _progress(progress, path.pass_offset), init, groups)
         inner = None
         local = res.history  # the step's own passes, numbered from 1
@@ -278,13 +335,16 @@ def train_path(penalty: str, fit: Callable[..., TrainResult], inputs: Any, comm:
         path.history += [_global(e, penalty, k, value, path.pass_offset, path.time_offset) for e in local]
         if choose(path.records) == k:
             path.best_weights, path.best_intercept = res.weights, res.intercept
-        stop = path_over(path.records, len(values))
+        stop = rule.over(path.records, rows)
         if stop is not None:
             return _result(path, rule, stop, rows)
         path.pass_offset += len(local)
         path.time_offset = path.history[-1]["elapsed_s"] if path.history else path.time_offset
         path.step += 1
-        init = np.append(res.weights.astype(np.float64), res.intercept)
+        if rule.next_value(path.records, rows) > values[0]:  # up: from the best so far (the turn: step 0's)
+            init = np.append(path.best_weights.astype(np.float64), path.best_intercept)
+        else:
+            init = np.append(res.weights.astype(np.float64), res.intercept)
 
 
 def _result(path: _Path, rule: PathRule, stop: str, rows: int) -> TrainResult:
@@ -304,11 +364,11 @@ def _progress(progress: Callable[[int, int], Any] | None, offset: int) -> Callab
     return lambda pass_no, rows: progress(offset + pass_no, rows)
 
 
-def _checkpointer(path: _Path, params: Any, inputs: Any,
+def _checkpointer(path: _Path, rule: PathRule, rows: int, value: float, params: Any, inputs: Any,
                   on_pass_end: Callable[[dict], Any] | None) -> Callable[[dict], None]:
     """The step's ``on_pass_end``: checks that held-out rows exist (after the first pass, when
     every rank knows their total), then hands the caller the state made global."""
-    k, value, penalty = path.step, path.values[path.step], path.penalty
+    k, penalty = path.step, path.penalty
 
     def on_end(state: dict) -> None:
         if not inputs.holdout_weight > 0.0:
@@ -330,7 +390,7 @@ def _checkpointer(path: _Path, params: Any, inputs: Any,
         out["stop_reason"] = None
         if state["stop_reason"] is not None:  # the step's last pass: is it the path's?
             holdout, _ = step_holdout(local, early_stopping=False)
-            done = path_over([*path.records, {"holdout_loss": holdout}], len(path.values))
+            done = rule.over([*path.records, {penalty: value, "holdout_loss": holdout}], rows)
             if done is not None:
                 out["stop_reason"] = state["stop_reason"]
         on_pass_end(out)

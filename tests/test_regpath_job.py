@@ -51,11 +51,12 @@ def test_the_default_fits_a_path_and_records_it(spark, data, clean, tmp_path):
     steps = reg["steps"]
     # the path scales with the dataset's rows (all shards, held-out rows included): 100 / N first
     assert reg["rows"] == 6000
-    assert [s["l2"] for s in steps] == PATHS["l2"].values(6000)[: len(steps)]
+    rule = PATHS["l2"]
+    assert [s["l2"] for s in steps] == [rule.next_value(steps[:k], 6000) for k in range(len(steps))]
     assert steps[0]["l2"] == pytest.approx(100 / 6000) and "(100 / 6,000 rows)" in reg["rule"]
     holdouts = [s["holdout_loss"] for s in steps]
     assert reg["chosen_step"] == holdouts.index(min(holdouts)) and reg["value"] == steps[reg["chosen_step"]]["l2"]
-    assert reg["stop"] in ("end", "patience") and (reg["stop"] == "end") == (len(steps) == 8)
+    assert reg["stop"] == rule.over(steps, 6000) and rule.next_value(steps, 6000) is None
     assert on_disk["objective"] == steps[reg["chosen_step"]]["objective"]
     assert len(on_disk["history"]) == sum(s["passes"] for s in steps)
     assert [h["pass"] for h in on_disk["history"]] == list(range(1, len(on_disk["history"]) + 1))
@@ -161,13 +162,17 @@ def test_l1_auto_fits_an_l1_path_and_evaluate_uses_its_choice(spark, data, tmp_p
     reg = meta["regularization"]
     assert reg["penalty"] == "l1" and meta["config"]["train"]["l1"] == "auto"
     steps = reg["steps"]
-    assert [s["l1"] for s in steps] == PATHS["l1"].values()[: len(steps)]
+    rule = PATHS["l1"]  # the values in the order the rule gives them (here it turns: 1e-4 beats 2.7e-5)
+    assert [s["l1"] for s in steps] == [rule.next_value(steps[:k]) for k in range(len(steps))]
+    assert rule.over(steps) == reg["stop"] and rule.next_value(steps) is None
     holdouts = [s["holdout_loss"] for s in steps]
     assert reg["chosen_step"] == holdouts.index(min(holdouts)) and reg["value"] == steps[reg["chosen_step"]]["l1"]
     w, b, _ = load_model(str(out))
     # the model is the chosen step's, with its non-zero count; the path goes from sparse to dense
     assert np.count_nonzero(w) == steps[reg["chosen_step"]]["nonzeros"] == meta["weights"]["nonzeros"]
-    assert steps[0]["nonzeros"] < steps[-1]["nonzeros"] < w.size
+    by_l1 = sorted(steps, key=lambda s: -s["l1"])  # sparse to dense
+    assert all(a["nonzeros"] <= b["nonzeros"] for a, b in zip(by_l1, by_l1[1:], strict=False))
+    assert by_l1[0]["nonzeros"] < by_l1[-1]["nonzeros"] < w.size
     assert effective_penalty(meta, "l1") == reg["value"] and effective_l2(meta) == 1e-8
     text = train_summary(meta)
     assert f"l2 1e-08, l1 auto: {reg['value']:g}" in text and "l1 path" in text and " non-zero" in text

@@ -16,7 +16,7 @@ from terascale.solvers.catalogue import AUTO_PENALTIES
 from terascale.solvers.constraints import ConfigError
 from terascale.solvers.data import CSRData
 from terascale.solvers.errors import InvalidInputError
-from terascale.solvers.regpath import PATHS, choose, path_over, step_holdout
+from terascale.solvers.regpath import PATHS, PathRule, choose, step_holdout
 from terascale.solvers.state import copy_state
 from tests.allreduce.harness import run_tree
 from tests.solvers.helpers import (
@@ -73,18 +73,55 @@ def test_the_l2_path_rule():
     assert all(a > b for a, b in zip(LAMBDAS, LAMBDAS[1:], strict=False))
 
 
+def walk(rule: PathRule, loss, rows: int = 0) -> tuple[list[float], str]:
+    """The values a path with ``rule`` tries when the held-out loss at λ is ``loss(λ)``, and
+    why it stops (the rule alone, no fitting)."""
+    records: list[dict] = []
+    while (value := rule.next_value(records, rows)) is not None:
+        records.append({rule.penalty: value, "holdout_loss": loss(value)})
+        assert len(records) <= rule.max_steps()
+    return [r[rule.penalty] for r in records], rule.over(records, rows)
+
+
 def test_choice_ties_go_to_the_larger_lambda_and_the_path_stops_after_two_worse_steps():
-    recs = [{"holdout_loss": h} for h in (0.5, 0.4, 0.4, 0.45)]
+    rule = PATHS["l2"]
+    recs = [{"l2": v, "holdout_loss": h} for v, h in zip(LAMBDAS, (0.5, 0.4, 0.4, 0.45), strict=False)]
     assert choose(recs) == 1  # the tie with step 2 goes to the larger λ
-    assert path_over(recs[:3], 8) is None and path_over(recs, 8) == "patience"
+    assert rule.over(recs[:3]) is None and rule.over(recs) == "patience"
     assert choose([{"holdout_loss": None}, {"holdout_loss": 0.7}]) == 1
     assert choose([{"holdout_loss": None}]) == 0
-    assert path_over([{"holdout_loss": 1.0 - i / 10} for i in range(8)], 8) == "end"
+    assert rule.over([{"l2": v, "holdout_loss": 1.0 - i / 10} for i, v in enumerate(LAMBDAS)]) == "end"
     h = [{"pass": 1, "holdout_loss": 0.5}, {"pass": 2, "holdout_loss": 0.3}, {"pass": 3, "holdout_loss": 0.3},
          {"pass": 4, "holdout_loss": 0.4}]
     assert step_holdout(h, early_stopping=True) == (0.3, 2)  # the first best pass, as the tracker keeps it
     assert step_holdout(h, early_stopping=False) == (0.4, 4)
     assert step_holdout([{"pass": 1}], early_stopping=True) == (None, 0)
+
+
+def test_a_path_whose_first_value_wins_turns_up_until_a_step_is_worse():
+    """The held-out loss unimodal in log λ with its minimum at λ*: the path's best step is the
+    value nearest λ* in log on the grid of the values down and up, wherever λ* lies."""
+    rule = PATHS["l2"]
+    rows = 10_000_000
+    down, up = rule.values(rows), rule.up_values(rows)
+    assert len(up) == 4 and up[0] == pytest.approx(down[0] ** 2 / down[1], rel=1e-12)
+    assert all(b > a for a, b in zip([down[0], *up], up, strict=False))
+    grid = sorted(down + up)
+    for star in (7e-4, 3e-2, 3e-6, 1e-5, 4e-5, 1e-6, 2e-7, 1e-9, 1e-12):
+        tried, stop = walk(rule, lambda v, s=star: (np.log10(v) - np.log10(s)) ** 2, rows)
+        nearest = min(grid, key=lambda v, s=star: abs(np.log10(v) - np.log10(s)))
+        best = min(tried, key=lambda v, s=star: (abs(np.log10(v) - np.log10(s)), -v))
+        assert best == nearest, (star, tried)
+        if star > down[0]:  # the turn: two values down, then up while each step wins, one step past
+            assert tried[:2] == down[:2] and tried[2:] == up[: len(tried) - 2]
+            assert stop == ("end" if nearest == up[-1] else "bracketed")
+        elif star < down[1]:  # down only, as before
+            assert tried == down[: len(tried)] and stop in ("end", "patience")
+    # a rule without values up goes on down after a worse second step, as the path did before
+    flat = PathRule("l2", 1e-4, 1e-8, 8)
+    tried, stop = walk(flat, lambda v: -np.log10(v))  # the larger λ, the better
+    assert tried == flat.values()[:3] and stop == "patience"
+    assert flat.max_steps() == 8 and rule.max_steps() == 8
 
 
 def test_the_path_picks_the_fixed_lambda_with_the_best_held_out_loss():
@@ -214,6 +251,37 @@ def test_resume_from_a_checkpoint_inside_the_path_continues_on_the_same_lambda(s
         assert later[0]["pass"] == saved["pass"] + 1
         step = saved["path_step"] + (saved["path_step_stop"] is not None)
         assert later[0]["history"][-1]["l2"] == LAMBDAS[step]
+
+
+def test_a_turned_path_picks_the_best_value_above_and_resumes_on_its_lambda_with_the_same_bits():
+    """The rows passed as 10^9 put the path's values (1e-7 down) below the held-out optimum: it
+    turns after step 1, goes up from step 0's model, and stops when a step up is worse. A
+    checkpoint at the turn (step 1's end), inside the first step up and inside a later one
+    resumes to the uninterrupted run's bits."""
+    tr, ho = scaled_problem(n=1500, d=200)
+    params = SolverParams(solver="hybrid", l2="auto", passes=12)
+    rule, rows = PATHS["l2"], 10**9
+    states = []
+    full = train_local(tr, params, holdout=ho, path_rows=rows, on_pass_end=keep(states))
+    steps = full.path["steps"]
+    up = rule.up_values(rows)
+    assert [s["l2"] for s in steps] == [*rule.values(rows)[:2], *up[: len(steps) - 2]] and len(steps) >= 4
+    holdouts = [s["holdout_loss"] for s in steps]
+    assert holdouts[1] > holdouts[0] and full.path["stop"] == "bracketed"
+    chosen = full.path["chosen_step"]
+    assert chosen == int(np.argmin(holdouts)) == len(steps) - 2 and full.path["value"] == up[chosen - 2]
+    assert holdout_logloss(ho, full.weights, full.intercept) == pytest.approx(holdouts[chosen], rel=1e-5)
+    picks = [next(s for s in states if s["path_step"] == 1 and s["path_step_stop"] is not None),
+             next(s for s in states if s["path_step"] == 2 and s["path_step_stop"] is None),
+             next(s for s in states if s["path_step"] == 3 and s["path_step_stop"] is None)]
+    for saved in picks:
+        later = []
+        res = train_local(tr, params, holdout=ho, path_rows=rows, resume=copy_state(saved), on_pass_end=keep(later))
+        assert res.weights.tobytes() == full.weights.tobytes() and res.intercept == full.intercept
+        assert without_times(res.path["steps"]) == without_times(full.path["steps"])
+        assert numbers(res.history) == numbers(full.history)
+        step = saved["path_step"] + (saved["path_step_stop"] is not None)
+        assert later[0]["history"][-1]["l2"] == steps[step]["l2"]
 
 
 def test_no_collective_before_the_first_pass_with_a_path():

@@ -1,0 +1,97 @@
+"""The defaults' quality at scale (issue 32, "Quality at scale"): ``train.l2 = auto`` against a grid
+of 8 fixed λ on the datasets of one scale-benchmark run.
+
+    python -m tests.benchmarks scale_quality --workdir bench-results/scale-work-N [--grid λN ...]
+
+The work folder is one that ``scale --rows N --keep`` left (``data/train``, ``data/test``: the
+featurized logs of every size on the curve). Every model trains through the CLI with the scale
+benchmark's settings (``TRAIN_SETS``: the disk cache where the shard exceeds the rank's memory)
+and the defaults otherwise, each in a fresh application: once with ``train.l2 = auto`` and once
+for each λ = λN / N of the grid (λN = 1, 3.2, 10, …, 3162 by default: half decades around the
+path's values 100/N, 27/N, … and its values above, 373/N, 1389/N; N the dataset's rows). Each is
+scored on the test set by ``terascale evaluate``. Target: auto's test logloss within 0.001 of
+the best grid point's. Written to bench-results/scale_quality.json, one entry per N (a run at
+another N adds its entry; a rerun at the same N replaces it).
+
+Models go to ``<workdir>/quality/`` and are removed after the run unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.benchmarks.bench_scale import TRAIN_SETS
+from tests.benchmarks.common import RESULTS, ROOT, train_cli
+
+EXPLICIT_ONLY = True  # minutes to hours: nine training runs at the curve's sizes
+GRID_TIMES_ROWS = tuple(10 ** (k / 2) for k in range(8))  # λN = 1 … 3162, half decades
+TARGET = 0.001
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tests.benchmarks scale_quality", description=__doc__.split("\n")[0])
+    p.add_argument("--workdir", type=Path, required=True, help="a scale run's work folder, kept with --keep")
+    p.add_argument("--grid", type=float, nargs="+", default=list(GRID_TIMES_ROWS),
+                   help="the fixed values as λN (λ times the dataset's rows)")
+    p.add_argument("--master", default="local[2]")
+    p.add_argument("--keep", action="store_true", help="keep the models in <workdir>/quality")
+    return p.parse_args(argv)
+
+
+def _evaluate(test: Path, model: Path, out: Path, master: str) -> dict:
+    exe = Path(sys.executable).with_name("terascale")
+    cli = [str(exe)] if exe.exists() else [sys.executable, "-m", "terascale.jobs.cli"]
+    r = subprocess.run(cli + ["evaluate", "--input", str(test), "--model", str(model), "--out", str(out),
+                              "--overwrite", "--set", f"spark.master={master}"], capture_output=True, text=True, cwd=ROOT)
+    if r.returncode != 0:
+        raise RuntimeError(f"terascale evaluate ({model.name}) failed: {r.stderr[-3000:]}")
+    m = json.loads(out.read_text())
+    return {k: m[k] for k in ("logloss", "auroc", "calibration") if k in m}
+
+
+def _fit(a: argparse.Namespace, name: str, l2: str) -> dict:
+    work = a.workdir / "quality"
+    model = work / f"model-{name}"
+    sets = [f"spark.master={a.master}", *TRAIN_SETS, f"train.l2={l2}"]
+    meta, wall = train_cli(str(a.workdir / "data" / "train"), str(model), sets, name)
+    rec = {"name": name, "l2": meta.get("regularization", {}).get("value", l2), "wall_s": wall,
+           "train_seconds": meta.get("train_seconds"), "passes": len(meta.get("history", [])),
+           "stop_reason": meta.get("stop_reason")}
+    rec.update(_evaluate(a.workdir / "data" / "test", model, work / f"metrics-{name}.json", a.master))
+    if meta.get("regularization"):
+        reg = meta["regularization"]
+        rec["path"] = {"chosen_step": reg.get("chosen_step"), "stop": reg.get("stop"),
+                       "steps": [{k: s.get(k) for k in ("l2", "holdout_loss", "passes", "stop_reason")}
+                                 for s in reg.get("steps", [])]}
+    print(f"scale_quality: {name:>10}  λ {float(rec['l2']):.3g}  test logloss {rec.get('logloss', float('nan')):.6f}  "
+          f"{rec['passes']} passes  {wall:.0f} s", flush=True)
+    return rec
+
+
+def main(argv: list[str] | None = None) -> dict:
+    a = parse_args(list(argv or []))
+    manifest = json.loads((a.workdir / "data" / "train" / "_manifest.json").read_text())
+    rows = int(manifest["rows"])
+    started = time.time()
+    auto = _fit(a, "auto", "auto")
+    grid = [_fit(a, f"{g:g}N", repr(g / rows)) for g in a.grid]
+    best = min(grid, key=lambda r: r["logloss"])
+    entry = {"rows": rows, "workdir": str(a.workdir), "train_sets": list(TRAIN_SETS), "started": started,
+             "auto": auto, "grid_times_rows": a.grid, "grid": grid,
+             "best_fixed": {"l2": best["l2"], "logloss": best["logloss"]},
+             "auto_minus_best": auto["logloss"] - best["logloss"], "target": TARGET,
+             "met": auto["logloss"] - best["logloss"] <= TARGET, "wall_s": time.time() - started}
+    path = RESULTS / "scale_quality.json"
+    merged = json.loads(path.read_text()) if path.exists() else {"benchmark": "scale_quality", "runs": {}}
+    merged["runs"][str(rows)] = entry
+    if not a.keep:
+        shutil.rmtree(a.workdir / "quality", ignore_errors=True)
+    print(f"scale_quality: N = {rows:,}: auto {auto['logloss']:.6f}, best fixed {best['logloss']:.6f} at "
+          f"λ {float(best['l2']):.3g}: {entry['auto_minus_best']:+.6f} (target ≤ {TARGET})", flush=True)
+    return merged  # written by tests.benchmarks.__main__ to bench-results/scale_quality.json
