@@ -8,11 +8,8 @@ trains with every setting at its default (``terascale train`` in a fresh applica
 features (integer feature names, ``-b bits``, :mod:`tests.benchmarks.vw_io`) from its cache and
 runs as a user would without tuning:
 
-* ``one_pass``: one online pass, VW's defaults (adaptive, normalized, invariant);
-* ``bfgs``: that model warm-started into ``--bfgs --passes 20`` with VW's default holdout (every
-  10th example, early termination);
-* ``bfgs_l2``: the same with ``--l2`` = n·1e-6 (terascale's former fixed λ in VW's sum form)
-  and ``--holdout_off``.
+``one_pass``, ``bfgs`` and ``bfgs_l2`` (:func:`tests.benchmarks.vw_io.vw_plain_runs`; ``--l2`` =
+n·1e-6, terascale's former fixed λ in VW's sum form).
 
 Target: terascale's test logloss ≤ the best VW run's + 0.001 at every size and ``bits``. The
 figures: every run's test logloss and seconds, terascale's chosen λ, and the margin.
@@ -28,10 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from tests.benchmarks.common import RESULTS, ROOT, generated_logs
-from tests.benchmarks.vw_io import run_vw, vw_predictions, write_vw
+from tests.benchmarks.vw_io import vw_plain_runs
 
 ROWS = (200_000, 500_000, 2_000_000)
 BITS = (20, 24)
@@ -53,15 +48,8 @@ def _cli(*args: str) -> float:
     return time.perf_counter() - t0
 
 
-def _logloss(y: np.ndarray, p: np.ndarray) -> float:
-    p = np.clip(p, 1e-15, 1 - 1e-15)
-    return float(-np.mean(y * np.log(p) + (1 - y) * np.log1p(-p)))
-
-
 def one(rows: int, bits: int, work: Path) -> dict:
     """terascale's defaults against VW's runs on ``rows`` training rows at 2^``bits``."""
-    from terascale.pipeline.dataset import read_dataset
-
     raw = generated_logs(rows, 2, 51)
     raw_test = generated_logs(TEST_ROWS, 1, 52)
     train_dir, test_dir = work / "train", work / "test"
@@ -81,27 +69,8 @@ def one(rows: int, bits: int, work: Path) -> dict:
                         "passes": len(meta["history"]), "l2_chosen": reg.get("value"),
                         "stop_reason": meta["stop_reason"]}
 
-    csr, _ = read_dataset(str(train_dir))
-    test, _ = read_dataset(str(test_dir))
-    yt = test.labels.astype(np.float64)
-    txt, test_txt, cache = str(work / "train.vw"), str(work / "test.vw"), str(work / "train.cache")
-    write_vw(csr, txt)
-    write_vw(test, test_txt)
-    n = csr.n_rows
-    del csr, test
-    run_vw(f"-d {txt} --cache_file {cache} -b {bits} --loss_function logistic --passes 1 -k")  # the cache
-    common = f"--cache_file {cache} -b {bits} --loss_function logistic"
-    runs = {
-        "one_pass": f"{common} --passes 1 -f {work}/one_pass.model --predict_only_model",
-        "bfgs": f"{common} -i {work}/one_pass.model --predict_only_model --bfgs --passes 20 -f {work}/bfgs.model",
-        "bfgs_l2": f"{common} -i {work}/one_pass.model --predict_only_model --bfgs --passes 20 --l2 {n * LAMBDA_VW} "
-                   f"--holdout_off -f {work}/bfgs_l2.model",
-    }
-    out["vw"] = {}
-    for name, args in runs.items():
-        secs = run_vw(args)
-        run_vw(f"-d {test_txt} -t -i {work}/{name}.model --predict_only_model -p {work}/{name}.preds --link logistic")
-        out["vw"][name] = {"test_logloss": _logloss(yt, vw_predictions(f"{work}/{name}.preds")), "seconds": secs}
+    vw = vw_plain_runs(str(train_dir), str(test_dir), bits, str(work), rows * LAMBDA_VW)
+    out["vw"] = {k: vw[k] for k in ("one_pass", "bfgs", "bfgs_l2")}
     best = min(out["vw"], key=lambda k: out["vw"][k]["test_logloss"])
     out["best_vw"] = best
     out["margin"] = out["terascale"]["test_logloss"] - out["vw"][best]["test_logloss"]

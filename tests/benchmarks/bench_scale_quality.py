@@ -9,8 +9,10 @@ benchmark's settings (``TRAIN_SETS``: the disk cache where the shard exceeds the
 and the defaults otherwise, each in a fresh application: once with ``train.l2 = auto`` and once
 for each λ = λN / N of the grid (λN = 1, 3.2, 10, …, 3162 by default: half decades around the
 path's values 100/N, 27/N, … and its values above, 373/N, 1389/N; N the dataset's rows). Each is
-scored on the test set by ``terascale evaluate``. Target: auto's test logloss within 0.001 of
-the best grid point's. Written to bench-results/scale_quality.json, one entry per N (a run at
+scored on the test set by ``terascale evaluate``. Up to 30M rows Vowpal Wabbit's plain runs
+follow, from the same hashed features (:func:`tests.benchmarks.vw_io.vw_plain_runs`: one pass,
+then BFGS with and without ``--l2``). Targets: auto's test logloss within 0.001 of the best grid
+point's and at most the best VW run's + 0.001. Written to bench-results/scale_quality.json, one entry per N (a run at
 another N adds its entry; a rerun at the same N replaces it).
 
 Models go to ``<workdir>/quality/`` and are removed after the run unless ``--keep``.
@@ -28,10 +30,13 @@ from pathlib import Path
 
 from tests.benchmarks.bench_scale import TRAIN_SETS
 from tests.benchmarks.common import RESULTS, ROOT, train_cli
+from tests.benchmarks.vw_io import vw_plain_runs
 
 EXPLICIT_ONLY = True  # minutes to hours: nine training runs at the curve's sizes
 GRID_TIMES_ROWS = tuple(10 ** (k / 2) for k in range(8))  # λN = 1 … 3162, half decades
 TARGET = 0.001
+VW_ROWS = 30_000_000  # VW's runs (text, cache, 20 BFGS passes, single-threaded) up to here
+LAMBDA_VW = 1e-6  # bfgs_l2's λ, as tests.benchmarks.bench_defaults runs it (VW's sum form: n·λ)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -41,6 +46,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="the fixed values as λN (λ times the dataset's rows)")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--keep", action="store_true", help="keep the models in <workdir>/quality")
+    p.add_argument("--vw", choices=("auto", "on", "off"), default="auto",
+                   help="also Vowpal Wabbit's plain runs (auto: at N <= 30M, as the issue asks)")
     return p.parse_args(argv)
 
 
@@ -82,16 +89,32 @@ def main(argv: list[str] | None = None) -> dict:
     auto = _fit(a, "auto", "auto")
     grid = [_fit(a, f"{g:g}N", repr(g / rows)) for g in a.grid]
     best = min(grid, key=lambda r: r["logloss"])
+    vw = None
+    if a.vw == "on" or (a.vw == "auto" and rows <= VW_ROWS):
+        work = a.workdir / "quality" / "vw"
+        work.mkdir(parents=True, exist_ok=True)
+        bits = int(manifest["spec"]["bits"])
+        vw = vw_plain_runs(str(a.workdir / "data" / "train"), str(a.workdir / "data" / "test"), bits, str(work),
+                           rows * LAMBDA_VW)
+        shutil.rmtree(work, ignore_errors=True)
+        print("scale_quality: VW " + ", ".join(f"{k} {vw[k]['test_logloss']:.6f} ({vw[k]['seconds']:.0f} s)"
+                                               for k in ("one_pass", "bfgs", "bfgs_l2")), flush=True)
     entry = {"rows": rows, "workdir": str(a.workdir), "train_sets": list(TRAIN_SETS), "started": started,
              "auto": auto, "grid_times_rows": a.grid, "grid": grid,
              "best_fixed": {"l2": best["l2"], "logloss": best["logloss"]},
              "auto_minus_best": auto["logloss"] - best["logloss"], "target": TARGET,
-             "met": auto["logloss"] - best["logloss"] <= TARGET, "wall_s": time.time() - started}
+             "met": auto["logloss"] - best["logloss"] <= TARGET, "vw": vw}
+    if vw is not None:
+        entry["auto_minus_best_vw"] = auto["logloss"] - vw[vw["best"]]["test_logloss"]
+        entry["met_vw"] = entry["auto_minus_best_vw"] <= TARGET
+    entry["wall_s"] = time.time() - started
     path = RESULTS / "scale_quality.json"
     merged = json.loads(path.read_text()) if path.exists() else {"benchmark": "scale_quality", "runs": {}}
     merged["runs"][str(rows)] = entry
     if not a.keep:
         shutil.rmtree(a.workdir / "quality", ignore_errors=True)
     print(f"scale_quality: N = {rows:,}: auto {auto['logloss']:.6f}, best fixed {best['logloss']:.6f} at "
-          f"λ {float(best['l2']):.3g}: {entry['auto_minus_best']:+.6f} (target ≤ {TARGET})", flush=True)
+          f"λ {float(best['l2']):.3g}: {entry['auto_minus_best']:+.6f}"
+          + (f"; best VW ({vw['best']}) {vw[vw['best']]['test_logloss']:.6f}: {entry['auto_minus_best_vw']:+.6f}"
+             if vw else "") + f" (targets ≤ {TARGET})", flush=True)
     return merged  # written by tests.benchmarks.__main__ to bench-results/scale_quality.json

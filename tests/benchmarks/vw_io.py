@@ -45,13 +45,85 @@ def _format(indptr, indices, values, labels, out):
     return pos
 
 
-def write_vw(csr, path: str) -> None:
+def _text(csr) -> bytes:
     cap = int(csr.n_rows * 6 + csr.nnz * 11)
     out = np.empty(cap, np.uint8)
     # the values in full, one per non-zero (a shard read from Parquet keeps only those != 1)
     n = _format(csr.indptr, csr.indices, csr.full_values(), csr.labels, out)
+    return out[:n].tobytes()
+
+
+def write_vw(csr, path: str) -> None:
     with open(path, "wb") as f:
-        f.write(out[:n].tobytes())
+        f.write(_text(csr))
+
+
+def write_vw_dataset(dataset_dir: str, path: str) -> int:
+    """A featurized dataset as VW text, one row group at a time (memory: one row group), in the
+    order :func:`pipeline.dataset.read_dataset` reads it; returns the rows written."""
+    from terascale.pipeline.dataset import plan_shards, read_csr, read_manifest
+
+    m = read_manifest(dataset_dir)
+    n_features = 1 << int(m["spec"]["bits"])
+    rows = 0
+    with open(path, "wb") as f:
+        for part in plan_shards(dataset_dir, 1, m)[0]:
+            csr = read_csr([part], n_features)
+            f.write(_text(csr))
+            rows += csr.n_rows
+    return rows
+
+
+def _logloss(y: np.ndarray, p: np.ndarray) -> float:
+    p = np.clip(p, 1e-15, 1 - 1e-15)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log1p(-p)))
+
+
+def vw_plain_runs(train_dir: str, test_dir: str, bits: int, work: str, l2_sum: float) -> dict:
+    """Vowpal Wabbit as a user runs it without tuning, on a featurized train and test set (the same
+    hashed features): the text, its cache, then
+
+    * ``one_pass``: one online pass, VW's defaults (adaptive, normalized, invariant);
+    * ``bfgs``: that model warm-started into ``--bfgs --passes 20`` with VW's default holdout
+      (every 10th example, early termination);
+    * ``bfgs_l2``: the same with ``--l2 l2_sum`` (VW's sum form: n·λ) and ``--holdout_off``.
+
+    Returns {run: {"test_logloss", "seconds"}} plus "best" (the run with the lowest test logloss)
+    and "cache_seconds" (text -> cache, VW's own first pass). Leaves its files in ``work``."""
+    from terascale.pipeline.dataset import read_manifest
+
+    txt, test_txt, cache = f"{work}/train.vw", f"{work}/test.vw", f"{work}/train.cache"
+    write_vw_dataset(train_dir, txt)
+    write_vw_dataset(test_dir, test_txt)
+    out: dict = {"cache_seconds": run_vw(f"-d {txt} --cache_file {cache} -b {bits} --loss_function logistic --passes 1 -k")}
+    os.remove(txt)
+    common = f"--cache_file {cache} -b {bits} --loss_function logistic"
+    runs = {
+        "one_pass": f"{common} --passes 1 -f {work}/one_pass.model --predict_only_model",
+        "bfgs": f"{common} -i {work}/one_pass.model --predict_only_model --bfgs --passes 20 -f {work}/bfgs.model",
+        "bfgs_l2": f"{common} -i {work}/one_pass.model --predict_only_model --bfgs --passes 20 --l2 {l2_sum} "
+                   f"--holdout_off -f {work}/bfgs_l2.model",
+    }
+    y = _labels(test_dir)
+    if y.shape[0] != read_manifest(test_dir)["rows"]:
+        raise RuntimeError(f"{test_dir}: {y.shape[0]} labels read, the manifest says {read_manifest(test_dir)['rows']}")
+    for name, args in runs.items():
+        secs = run_vw(args)
+        run_vw(f"-d {test_txt} -t -i {work}/{name}.model --predict_only_model -p {work}/{name}.preds --link logistic")
+        out[name] = {"test_logloss": _logloss(y, vw_predictions(f"{work}/{name}.preds")), "seconds": secs}
+        os.remove(f"{work}/{name}.preds")
+    out["best"] = min(runs, key=lambda k: out[k]["test_logloss"])
+    return out
+
+
+def _labels(dataset_dir: str) -> np.ndarray:
+    """The dataset's labels in read order, float64."""
+    from terascale.pipeline.dataset import plan_shards, read_csr, read_manifest
+
+    m = read_manifest(dataset_dir)
+    n_features = 1 << int(m["spec"]["bits"])
+    return np.concatenate([read_csr([p], n_features).labels.astype(np.float64)
+                           for p in plan_shards(dataset_dir, 1, m)[0]])
 
 
 def run_vw(args: str) -> float:
