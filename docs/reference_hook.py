@@ -42,6 +42,12 @@ def _cell(text: Any) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def _sentence(text: str) -> str:
+    """A help text as a table cell that reads as a sentence: a capital first, a full stop last."""
+    text = _cell(text)
+    return text[:1].upper() + text[1:] + ("" if text.endswith((".", ")", "?")) else ".")
+
+
 def _code(text: str) -> str:
     """An inline code span holding ``text`` (backticks inside get a longer fence)."""
     fence = "``" if "`" in text else "`"
@@ -109,6 +115,8 @@ def _sections() -> dict[str, str]:
 def config_reference(_: str | None = None) -> str:
     from terascale.jobs.config import _default
 
+    if missing := undocumented_keys():
+        raise ValueError("terascale docs: configuration keys without a description: " + ", ".join(missing))
     helps = _sections()
     by_section: dict[str, list[tuple[str, dataclasses.Field]]] = {}
     for key, f in config_params():
@@ -116,12 +124,13 @@ def config_reference(_: str | None = None) -> str:
     out = []
     for name, params in by_section.items():
         out += [f"## {name}", "", f"{helps[name][0].upper()}{helps[name][1:]}.", "",
-                "| key | type | default | allowed | description |", "|---|---|---|---|---|"]
+                "| key | default | description |", "|---|---|---|"]
         for key, f in params:
             c = f.metadata.get("constraint")
             allowed = _cell(c.describe()) if c is not None else "any value of its type"
-            out.append(f"| {_code(key)}{{#{key}}} | {_cell(_type_name(key, f))} | "
-                       f"{_code(_cell(_yaml_value(key, _default(f))))} | {allowed} | {_cell(f.metadata['help'])} |")
+            out.append(f"| {_code(key)}{{#{key}}}<br>*{_cell(_type_name(key, f))}* | "
+                       f"{_code(_cell(_yaml_value(key, _default(f))))} | {_sentence(f.metadata['help'])}<br>"
+                       f"*Allowed:* {allowed} |")
         out.append("")
     return "\n".join(out)
 
@@ -183,14 +192,16 @@ def _flag_row(a: argparse.Action) -> str:
         default = "—"
     else:
         default = _code(str(a.default))
-    repeat = " (repeatable)" if isinstance(a, argparse._AppendAction) and "repeatable" not in (a.help or "") else ""
-    return f"| {names} | {value} | {default} | {_cell(a.help)}{repeat} |"
+    repeat = " (repeatable)" if isinstance(a, argparse._AppendAction) and "repeatable" not in a.help else ""
+    return f"| {names} | {value} | {default} | {_sentence(a.help + repeat)} |"
 
 
 def cli_reference(_: str | None = None) -> str:
     from terascale.jobs.cli import build_parser
 
     parser = build_parser()
+    if missing := undocumented_flags(parser):
+        raise ValueError("terascale docs: command-line flags without a description: " + ", ".join(missing))
     out = [f"`{parser.prog}` — {parser.description}", "", "```", _usage(parser), "```", "",
            "| flag | value | default | description |", "|---|---|---|---|"]
     out += [_flag_row(a) for a in _documented_actions(parser)] + [""]

@@ -339,14 +339,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     g = sub.add_parser("generate", help="write realistic synthetic Criteo click logs")
-    g.add_argument("--rows", type=int, required=True, help="number of lines to write")
-    g.add_argument("--out", required=True, help="output directory")
-    g.add_argument("--files", type=int, default=1, help="number of files, written in parallel")
-    g.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same lines, whatever --files")
-    g.add_argument("--malformed-rate", type=float, default=0.0, help="fraction of malformed lines of every kind")
+    g.add_argument("--rows", type=int, required=True, metavar="N", help="number of lines to write")
+    g.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    g.add_argument("--files", type=int, default=1, metavar="N", help="number of files, written in parallel")
+    g.add_argument("--seed", type=int, default=0, metavar="S", help="random seed: the same seed gives the same lines, whatever --files")
+    g.add_argument("--malformed-rate", type=float, default=0.0, metavar="R", help="fraction of malformed lines of every kind")
     g.add_argument("--with-prob", action="store_true", help="also write each line's true click probability")
     g.add_argument("--gzip", action="store_true", help="gzip the files")
-    g.add_argument("--positive-rate", type=float, default=0.25,
+    g.add_argument("--positive-rate", type=float, default=0.25, metavar="P",
                    help="click rate of the planted model (0.25 as Criteo's public sample; raw logs: 0.003-0.03)")
     g.set_defaults(fn=cmd_generate)
 
@@ -388,13 +388,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write nan for a malformed line and go on (default: stop with an error naming the line, exit 1)")
     sc.add_argument("--no-label", action="store_true",
                     help="lines carry no label field (serving logs): each line is scored as if it began with label 0")
-    sc.add_argument("--chunk-mb", type=int, default=8, help="stdin is read and scored this many MiB at a time")
+    sc.add_argument("--chunk-mb", type=int, default=8, metavar="MIB", help="stdin is read and scored this many MiB at a time")
     _add_conf_args(sc, "predict.calibration=raw")
     sc.set_defaults(fn=cmd_score)
 
     ins = sub.add_parser("inspect", help="a model's heaviest features by |weight|, named by its token dictionary")
     ins.add_argument("model", metavar="MODEL_DIR", help="model directory or pointer")
-    ins.add_argument("--top", type=int, default=50, help="how many features (default 50)")
+    ins.add_argument("--top", type=int, default=50, metavar="N", help="how many features (default 50)")
     nm = ins.add_mutually_exclusive_group()
     nm.add_argument("--names", action="store_true", default=None,
                     help="require token names (fails when the model has no token dictionary)")

@@ -183,15 +183,20 @@ def _normalize(line: str) -> str:
 
 
 def tutorial_steps(text: str) -> list[tuple[str, list[str]]]:
-    """(command, expected output lines) of every ``$ `` line of the page's ``console`` blocks."""
+    """(command, expected output lines) of every ``$ `` line of the page's ``console`` blocks; a
+    command line ending in a backslash goes on on the next line."""
     steps: list[tuple[str, list[str]]] = []
     for block in re.findall(r"^```console\n(.*?)^```", text, re.M | re.S):
+        continued = False
         for line in block.splitlines():
-            if line.startswith("$ "):
+            if continued:  # a command's line ending in a backslash goes on here
+                steps[-1] = (steps[-1][0][:-1].rstrip() + " " + line.strip(), [])
+            elif line.startswith("$ "):
                 steps.append((line[2:], []))
             else:
                 assert steps, f"output before any command in a console block: {line!r}"
                 steps[-1][1].append(line)
+            continued = bool(steps) and not steps[-1][1] and steps[-1][0].endswith("\\")
     return steps
 
 
@@ -215,8 +220,8 @@ def test_the_output_matcher():
     assert not output_matches(["a 0 s, 1 rows/s", "d"], out)  # lines left out without "..."
     assert not output_matches(["a 0 s, 1 rows/s", "b", "c …/n", "d"], out)
     assert not output_matches(["a 0 s, 1 rows/s", "...", "e"], out)
-    steps = tutorial_steps("x\n```console\n$ one\nout\n...\n$ two\n```\n```bash\n$ not this\n```\n")
-    assert steps == [("one", ["out", "..."]), ("two", [])]
+    steps = tutorial_steps("x\n```console\n$ one \\\n  --flag\nout\n...\n$ two\n```\n```bash\n$ not this\n```\n")
+    assert steps == [("one --flag", ["out", "..."]), ("two", [])]
 
 
 _SHELL = re.compile(r"[|<>;&$`]")
