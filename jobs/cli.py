@@ -38,8 +38,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_CODES = {
     EXIT_OK: "done",
     EXIT_FAILED: "the job failed: bad input data (`input error`: a missing, truncated or corrupt data file, "
-                 "empty input, a malformed line with `featurize.on_error=fail` or in `terascale score`), "
-                 "a failed attempt that was not or could no more be retried, a quality gate that did not pass",
+                 "empty input; `failed`: a malformed line with `featurize.on_error=fail` or in `terascale score`), "
+                 "a training run that failed on every attempt or with an error a retry would only repeat "
+                 "(divergence, no usable checkpoint), a quality gate that did not pass",
     EXIT_USAGE: "bad usage or configuration, checked before any Spark work starts: an unknown flag or "
                 "configuration key, a value out of range, a cross-check between keys, a run that does not fit "
                 "in memory (the preflight), or an output path the job refuses to write (it holds something else "
