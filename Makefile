@@ -8,7 +8,7 @@ export PYTHONHASHSEED := 0
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test test-cluster test-multihost bench bench-scale bench-scale-curve dist lint screenshot clean device-wheels device-check
+.PHONY: demo test test-cluster test-multihost bench bench-scale bench-scale-curve dist lint screenshot docs clean device-wheels device-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,21 +44,35 @@ ROWS ?= 100000000
 bench-scale: $(STAMP)
 	$(PY) -m tests.benchmarks scale --rows $(ROWS)
 
-# the scale curve (issue 32): every N into bench-results/scale.json, then docs/scale.png
+# the scale curve (issue 32): every N into bench-results/scale.json, then docs/pages/explanation/scale.png
 CURVE ?= 1000000 3000000 10000000 30000000 100000000
 bench-scale-curve: $(STAMP)
 	for n in $(CURVE); do $(PY) -m tests.benchmarks scale --rows $$n || exit 1; done
 	$(PY) -m tests.benchmarks.scale_plot --table
 
-# look at a training report as a person would: headless Chromium (Debian's chromium package)
+# the documentation site (docs/mkdocs.yml: the pages in docs/pages, the reference generated from
+# the code by docs/reference_hook.py) into site/; --strict: a warning or a broken link fails it
+export NO_MKDOCS_2_WARNING := 1
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet -f docs/mkdocs.yml
+
+# look at a training report and the docs site as a person would: headless Chromium (Debian's
+# chromium package). The report's PNG goes beside it (skipped when there is no report: `make
+# demo` writes one); the site's home page, tutorial and configuration reference go to site-shots/.
 REPORT ?= demo-output/model/report.html
-screenshot:
+SHOT := chromium --headless --no-sandbox --disable-gpu --hide-scrollbars
+screenshot: docs
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
-	chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1280,4200 \
-		--screenshot=$(REPORT:.html=.png) file://$(abspath $(REPORT))
+	if [ -f $(REPORT) ]; then $(SHOT) --window-size=1280,4200 --screenshot=$(REPORT:.html=.png) \
+		file://$(abspath $(REPORT)); else echo "no $(REPORT): run make demo for the report's screenshot"; fi
+	mkdir -p site-shots
+	$(SHOT) --window-size=1280,1600 --screenshot=site-shots/home.png file://$(abspath site/index.html)
+	$(SHOT) --window-size=1280,3000 --screenshot=site-shots/tutorial.png file://$(abspath site/tutorial.html)
+	$(SHOT) --window-size=1280,3000 --screenshot=site-shots/configuration.png \
+		file://$(abspath site/reference/configuration.html)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check pipeline allreduce solvers jobs tests conf/airflow
+	$(VENV)/bin/ruff check pipeline allreduce solvers jobs tests conf/airflow docs
 
 # Airflow (conf/airflow/terascale_daily.py): its tests run in a venv of their own, because the
 # Spark provider requires pyspark-client, which would overwrite terascale's pyspark in .venv.
@@ -78,7 +92,7 @@ test-airflow: $(STAMP) $(AIRFLOW_STAMP)
 
 test: test-airflow
 
-# dist/: what a cluster needs (see README, "Running on a cluster").
+# dist/: what a cluster needs (docs/pages/how-to/cluster.md).
 #   terascale-$(VERSION)-py3-none-any.whl  pip-installable package (edge node, own images)
 #   terascale-pyfiles.zip                  the pure-Python packages, for --py-files
 #   env.tar.gz                             packed venv with terascale's dependencies (numba,
@@ -147,4 +161,4 @@ device-check:
 	$(DEVICE_PYTHON) -m tests.device.check --wheels $(DEVICE_WHEELS)
 
 clean:
-	rm -rf demo-output bench-results .pytest_cache dist build
+	rm -rf demo-output bench-results .pytest_cache dist build site site-shots

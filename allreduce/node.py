@@ -81,7 +81,7 @@ def auto_window(size: int) -> int:
     """The AllReduce's window in chunks (:mod:`allreduce.collective_run`) for a tree of ``size``
     ranks: its depth + 2, or none (0) for one or two ranks, whose links carry one flow each way
     (nothing to run ahead of). Measured on 1 Gbit/s links (K = 2, 3, 4, 8 hosts, 1 MiB chunks,
-    docs/scaling.md), the best windows were any, 2-3, 4-5 and 5: a smaller one idles the links
+    docs/pages/explanation/scaling.md), the best windows were any, 2-3, 4-5 and 5: a smaller one idles the links
     while a chunk makes its round trip through the tree, a larger one lets flows run ahead again;
     at K = 2 over loopback a window of 3 cost 2-6 ms of a 50 ms AllReduce of 32 MiB."""
     return depth(size) + 2 if size > 2 else 0

@@ -33,6 +33,21 @@ from terascale.pipeline.redact import RedactingFormatter, redact_text
 log = logging.getLogger("terascale")
 
 
+#: The exit status of every command (the reference page is generated from this table).
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_CODES = {
+    EXIT_OK: "done",
+    EXIT_FAILED: "the job failed: bad input data (`input error`: a missing, truncated or corrupt data file, "
+                 "empty input; `failed`: a malformed line with `featurize.on_error=fail` or in `terascale score`), "
+                 "a training run that failed on every attempt or with an error a retry would only repeat "
+                 "(divergence, no usable checkpoint), a quality gate that did not pass",
+    EXIT_USAGE: "bad usage or configuration, checked before any Spark work starts: an unknown flag or "
+                "configuration key, a value out of range, a cross-check between keys, a run that does not fit "
+                "in memory (the preflight), or an output path the job refuses to write (it holds something else "
+                "than the job's own artifact, or an earlier one without `--overwrite`)",
+}
+
+
 class UsageError(ValueError):
     """Bad command-line arguments (exit code 2)."""
 
@@ -325,14 +340,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     g = sub.add_parser("generate", help="write realistic synthetic Criteo click logs")
-    g.add_argument("--rows", type=int, required=True, help="number of lines to write")
-    g.add_argument("--out", required=True, help="output directory")
-    g.add_argument("--files", type=int, default=1, help="number of files, written in parallel")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--malformed-rate", type=float, default=0.0, help="fraction of malformed lines of every kind")
+    g.add_argument("--rows", type=int, required=True, metavar="N", help="number of lines to write")
+    g.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    g.add_argument("--files", type=int, default=1, metavar="N", help="number of files, written in parallel")
+    g.add_argument("--seed", type=int, default=0, metavar="S", help="random seed: the same seed gives the same lines, whatever --files")
+    g.add_argument("--malformed-rate", type=float, default=0.0, metavar="R", help="fraction of malformed lines of every kind")
     g.add_argument("--with-prob", action="store_true", help="also write each line's true click probability")
     g.add_argument("--gzip", action="store_true", help="gzip the files")
-    g.add_argument("--positive-rate", type=float, default=0.25,
+    g.add_argument("--positive-rate", type=float, default=0.25, metavar="P",
                    help="click rate of the planted model (0.25 as Criteo's public sample; raw logs: 0.003-0.03)")
     g.set_defaults(fn=cmd_generate)
 
@@ -353,16 +368,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(fn=cmd_train)
 
     e = sub.add_parser("evaluate", help="logloss, auROC, auPRC, normalized entropy, calibration")
-    e.add_argument("--input", required=True, metavar="DATA_DIR")
-    e.add_argument("--model", required=True, metavar="MODEL_DIR")
+    e.add_argument("--input", required=True, metavar="DATA_DIR", help="featurized dataset to score (a test set with every row)")
+    e.add_argument("--model", required=True, metavar="MODEL_DIR", help="model directory or pointer")
     e.add_argument("--out", metavar="FILE", help="also write the metrics as JSON")
     _add_overwrite_arg(e, "the metrics file of --out", None)
     _add_conf_args(e)
     e.set_defaults(fn=cmd_evaluate)
 
     pr = sub.add_parser("predict", help="score a featurized dataset into Parquet")
-    pr.add_argument("--input", required=True, metavar="DATA_DIR")
-    pr.add_argument("--model", required=True, metavar="MODEL_DIR")
+    pr.add_argument("--input", required=True, metavar="DATA_DIR", help="featurized dataset to score")
+    pr.add_argument("--model", required=True, metavar="MODEL_DIR", help="model directory or pointer")
     pr.add_argument("--output", required=True, metavar="DIR", help="predictions directory (new, empty, or predictions with --overwrite)")
     _add_overwrite_arg(pr, "predictions", "predict.overwrite")
     _add_conf_args(pr)
@@ -374,13 +389,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write nan for a malformed line and go on (default: stop with an error naming the line, exit 1)")
     sc.add_argument("--no-label", action="store_true",
                     help="lines carry no label field (serving logs): each line is scored as if it began with label 0")
-    sc.add_argument("--chunk-mb", type=int, default=8, help="stdin is read and scored this many MiB at a time")
+    sc.add_argument("--chunk-mb", type=int, default=8, metavar="MIB", help="stdin is read and scored this many MiB at a time")
     _add_conf_args(sc, "predict.calibration=raw")
     sc.set_defaults(fn=cmd_score)
 
     ins = sub.add_parser("inspect", help="a model's heaviest features by |weight|, named by its token dictionary")
     ins.add_argument("model", metavar="MODEL_DIR", help="model directory or pointer")
-    ins.add_argument("--top", type=int, default=50, help="how many features (default 50)")
+    ins.add_argument("--top", type=int, default=50, metavar="N", help="how many features (default 50)")
     nm = ins.add_mutually_exclusive_group()
     nm.add_argument("--names", action="store_true", default=None,
                     help="require token names (fails when the model has no token dictionary)")
@@ -389,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     ins.set_defaults(fn=cmd_inspect)
 
     rp = sub.add_parser("report", help="an HTML page with plots of a training run (and its evaluation)")
-    rp.add_argument("model", metavar="MODEL_DIR")
+    rp.add_argument("model", metavar="MODEL_DIR", help="the trained model directory")
     rp.add_argument("--eval", metavar="METRICS_JSON", help="metrics written by `terascale evaluate --out`")
     rp.add_argument("--out", metavar="DIR", help="where to write (default: the model directory)")
     rp.set_defaults(fn=cmd_report)
@@ -432,14 +447,14 @@ def main(argv: list[str] | None = None) -> int:
         rc = args.fn(args)
     except (ConfigError, UsageError, OutputError) as e:
         print(redact_text(f"terascale {args.command}: error: {e}"), file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except Exception as e:  # noqa: BLE001 - the CLI reports every failure as one clear line
         from terascale.pipeline.fsutil import InputError
 
         log.debug("failure", exc_info=True)
         kind = "input error" if isinstance(e, InputError) else "failed"
         print(redact_text(f"terascale {args.command}: {kind}: {e}"), file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     log.info("%s finished in %.1f s", args.command, time.perf_counter() - t0)
     return rc
 

@@ -32,7 +32,7 @@ from terascale.jobs.memory_accounting import CSR_TERM, Plan, Sizes, account
 from terascale.jobs.memory_accounting import fmt_bytes as _fmt
 
 MIB = 1 << 20
-BASELINE_BYTES = 400 * MIB  # one Spark Python worker with its kernels loaded (measured: docs/design-notes.md)
+BASELINE_BYTES = 400 * MIB  # one Spark Python worker with its kernels loaded (measured: docs/pages/explanation/design-notes.md)
 _UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 
 

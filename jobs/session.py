@@ -7,7 +7,7 @@ of 4 MiB or more with transparent huge pages (``madvise(MADV_HUGEPAGE)``). Where
 compacts memory synchronously, and on a node whose free memory is fragmented (a busy page
 cache) that stalls a task on every large array: a fresh Python worker pays it for its shard's
 CSR, the online table, the L-BFGS working table and every new buffer. The kernels prefetch the
-rows they gather, so 4 KiB pages do not slow them down (measurements: ``docs/design-notes.md``).
+rows they gather, so 4 KiB pages do not slow them down (measurements: ``docs/pages/explanation/design-notes.md``).
 
 Cpus per task: the train job's barrier tasks each run ``train.threads`` threads. Local mode has no
 stage-level scheduling (``allreduce.spark.barrier_profile``), so a local session terascale starts

@@ -156,7 +156,7 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
         use_dictionary=False,  # hashed indices are near-random: dictionaries only cost time
         # the indices' bytes stream by stream (all low bytes, ..., all high bytes): the codec then
         # skips the near-random low bytes quickly and packs the high ones. With snappy: the same
-        # decoded values, the write 2x faster, the file about 4% larger (docs/design-notes.md)
+        # decoded values, the write 2x faster, the file about 4% larger (docs/pages/explanation/design-notes.md)
         column_encoding={"indices.list.element": "BYTE_STREAM_SPLIT"},
         # min/max of hashed indices prune nothing, but the statistics' null count gives each row
         # group's non-zeros (num_values - null_count), checked against the manifest (pipeline.verify)

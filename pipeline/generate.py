@@ -39,7 +39,7 @@ Determinism
     ``if __name__ == "__main__":`` guard.
 
 Speed: generating rows is CPU-cheap; with gzip, zlib bounds the rate (hence the fast
-``GZIP_LEVEL``). Measured rates: ``docs/design-notes.md``.
+``GZIP_LEVEL``). Measured rates: ``docs/pages/explanation/design-notes.md``.
 
 Tables (categorical fields: vocabulary size V, power-law exponent s = 1 + 1/k for an integer k
 or s = 1, missing rate, weight sigma before ``WEIGHT_SCALE``; integer fields: missing rate,

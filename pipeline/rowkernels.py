@@ -314,7 +314,7 @@ def trailing_zeros(typingctx, x):
     return x(x), codegen
 
 
-GROUP_PREFETCH = 256  # group-map entries prefetched ahead (chosen by measurement: docs/design-notes.md)
+GROUP_PREFETCH = 256  # group-map entries prefetched ahead (chosen by measurement: docs/pages/explanation/design-notes.md)
 
 
 @njit(cache=True)

@@ -336,7 +336,7 @@ register_solver(SolverSpec(
 
 
 def markdown_tables() -> str:
-    """The loss and solver tables of ``docs/architecture.md`` (a test keeps them equal)."""
+    """The loss and solver tables of ``docs/pages/explanation/architecture.md`` (a test keeps them equal)."""
     rows = ["| loss | id | ℓ(y, m) | labels | link | curvature | dual (SDCA) |",
             "|---|---|---|---|---|---|---|"]
     rows += [f"| `{s.name}` | {s.id} | {s.formula} | {s.labels} | {s.link} | {'yes' if s.curvature else 'no'} | "

@@ -20,7 +20,7 @@ prefetcher moves together, holds rows of two threads. The table is allocated ali
 numpy's large arrays start 16 bytes past a page (the allocator's header), and with blocks
 placed only by row number thread 0's intercept replica shared a line with thread 1's two
 hottest features whenever (H + 1) mod 4 ∈ {1, 2}, which took the 2-thread pass from 1.85× to
-1.4× one thread's rate on the 2M-row benchmark (docs/design-notes.md).
+1.4× one thread's rate on the 2M-row benchmark (docs/pages/explanation/design-notes.md).
 
 **Cost.** The state table grows by at most 8 + T·stride rows (16 B each, stride = H + 1 rounded
 up to :data:`ALIGN` bytes); relabelling holds a slot map of 2 B per feature and a bitmap of one

@@ -309,7 +309,7 @@ def _preconditioner(run: TrainRun, space: ActiveFeatures, table: LocalTable, the
     pseudo-gradient there holds the L1 term, |vᵀ◇f| up to λ₁·(the field's size): the coarse part
     of the initial matrix moves the field's weights by up to λ₁/λ₂, a step with no bound as λ₂ → 0
     (the line search then halves it 20 times, pass after pass). With λ₂ ≥ λ₁ that shift is at
-    most 1, and the correction pays as without L1 (docs/design-notes.md, "OWL-QN and the coarse
+    most 1, and the correction pays as without L1 (docs/pages/explanation/design-notes.md, "OWL-QN and the coarse
     correction")."""
     if run.groups is None or not run.params.lbfgs_coarse or not loss_by_id(run.loss_id).curvature:
         return Jacobi(inv_diag)

@@ -12,7 +12,7 @@ unchanged. Along such directions the objective bends only through the penalty (�
 field's size), while D sees the data's curvature: the diagonal overestimates their curvature by
 orders of magnitude and L-BFGS crawls along them. E has one row per group: ~40 for Criteo.
 (The evidence that the error left near the optimum lies along these directions:
-``docs/design-notes.md``.)
+``docs/pages/explanation/design-notes.md``.)
 
 E's data part is estimated from every ``stride``-th run of 512 rows of each rank
 (:mod:`solvers.kernels.sampling`: about 2¹⁵ rows per rank; every row on small shards): a

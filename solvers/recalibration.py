@@ -6,7 +6,7 @@ negatives weighted 1/r) minimises an unbiased estimate of the population's loss,
 probabilities are not unbiased: a rare value seen in a few clicks and in no kept negative gets a
 large weight that the unsampled rows would not give it, so the model over-predicts on new data
 (calibration 1.07-1.09 on the click-log benchmark at 33 negatives per click; figures in
-docs/design-notes.md). Rows that no pass saw measure that optimism; two parameters fitted to
+docs/pages/explanation/design-notes.md). Rows that no pass saw measure that optimism; two parameters fitted to
 them correct the level and the spread of the margins without touching the ranking.
 
 **Objective.** L(a, c) = Σᵢ hᵢ·ℓ(yᵢ, a·mᵢ + c) / Σᵢ hᵢ over every rank's held-out rows, ℓ the

@@ -11,7 +11,7 @@ for the mean-form objective with feature values of order 1, which hashed tokens 
 the penalty then shrinks a feature seen in n_j = φ·N rows by about a factor
 1/(1 + λN/(n_j·p(1−p))), so λN is the count of rows below which a feature barely counts, and the
 held-out optimum sits at a roughly constant λN as the data grow (a few tens on generated click
-logs from 200k to 20M rows: docs/design-notes.md, "the path follows N"), where a path fixed in λ
+logs from 200k to 20M rows: docs/pages/explanation/design-notes.md, "the path follows N"), where a path fixed in λ
 would start ever further above it. The path runs from λN = 100 (features in fewer than ~100 rows
 barely count) to λN = 0.01 (four decades in 8 values, a factor 3.7 a step). Without N (``path_rows`` = 0) the values are 1e-4 … 1e-8, the same path at N = 10^6.
 Data with other value scales (LibSVM files) should be scaled to values of order 1 (max-abs) or

@@ -1,4 +1,4 @@
-"""docs/architecture.md's loss and solver tables are the catalogue's, rendered."""
+"""docs/pages/explanation/architecture.md's loss and solver tables are the catalogue's, rendered."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from terascale.solvers.catalogue import LOSSES, SOLVERS, markdown_tables
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "pages" / "explanation" / "architecture.md"
 
 
 def test_the_tables_equal_the_catalogue():

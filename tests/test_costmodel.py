@@ -1,4 +1,4 @@
-"""The cost model's arithmetic (tests/benchmarks/costmodel.py, docs/scaling.md): the tree's link
+"""The cost model's arithmetic (tests/benchmarks/costmodel.py, docs/pages/explanation/scaling.md): the tree's link
 loads against a count over ``allreduce.topology``'s edges, the AllReduce and pass formulas on
 hand-computed cases, monotonicity, processor sharing against a time-stepped simulation, and the
 tail model against samples drawn from it. No wall clock anywhere."""

@@ -1,4 +1,4 @@
-"""docs/reliability.md names, for every fault, the test that proves it: each named test exists."""
+"""docs/pages/explanation/reliability.md names, for every fault, the test that proves it: each named test exists."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ REF = re.compile(r"(tests/[\w/]+\.py)(?:::(\w+))?")
 
 
 def _references() -> list[tuple[str, str | None]]:
-    rows = [line for line in (ROOT / "docs" / "reliability.md").read_text().splitlines() if line.startswith("| ")]
+    rows = [line for line in (ROOT / "docs" / "pages" / "explanation" / "reliability.md").read_text().splitlines() if line.startswith("| ")]
     refs = []
     for row in rows[1:]:
         cell = row.rstrip(" |").rsplit("|", 1)[-1]
@@ -19,7 +19,7 @@ def _references() -> list[tuple[str, str | None]]:
 
 
 def test_every_row_names_a_test():
-    rows = [line for line in (ROOT / "docs" / "reliability.md").read_text().splitlines()
+    rows = [line for line in (ROOT / "docs" / "pages" / "explanation" / "reliability.md").read_text().splitlines()
             if line.startswith("| ") and not line.startswith("| fault")]
     untested = [r[:80] for r in rows if not REF.search(r.rstrip(" |").rsplit("|", 1)[-1])]
     assert not untested, untested

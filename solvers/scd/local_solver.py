@@ -56,7 +56,7 @@ class _Schedule:
     order reads the data in runs of consecutive rows (columns) instead of one cache miss per
     coordinate, and with small buckets the gap per epoch stays that of the plain permutation
     (larger buckets slow it: SDCA at small lambda N is sensitive to repeating the same
-    neighbours every epoch). Measurements: docs/design-notes.md.
+    neighbours every epoch). Measurements: docs/pages/explanation/design-notes.md.
     """
 
     def __init__(self, n_coords: int, threads: int, bucket_size: int) -> None:

@@ -6,7 +6,7 @@ exactly the moves of mass *between* shards along the frequent features: both sha
 shared coordinates the same way, sigma' (or gamma) damps each push by K, and the duality gap
 decays sublinearly where one rank's decays linearly. Dealing the rows afresh every round turns
 those moves into moves inside one rank's subproblem, and the gap decays linearly again
-(measurements: docs/design-notes.md).
+(measurements: docs/pages/explanation/design-notes.md).
 
 The price is memory and one longer message:
 

@@ -31,7 +31,7 @@ from tests.benchmarks.common import RESULTS, ROOT, generated_logs
 ROWS, BITS, LAMBDA = 2_000_000, 22, 1e-6
 #: peak RSS per worker (MiB) of the same job before compact shards (commit 4076228, this machine)
 RSS_BEFORE_MIB = (1193, 1158)
-#: bench_train's time to MLlib's objective (s, fresh applications) before (docs/design-notes.md,
+#: bench_train's time to MLlib's objective (s, fresh applications) before (docs/pages/explanation/design-notes.md,
 #: jobs.session): the same job on this machine, three runs
 TIME_TO_MLLIB_BEFORE_S = (2.72, 2.97, 2.89)
 

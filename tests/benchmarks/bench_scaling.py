@@ -1,5 +1,5 @@
 """Scaling (issue 21): the cost model (``costmodel``) calibrated, then checked against K = 2..8
-hosts on 1 Gbit/s shaped links, then carried to the paper's 1000 nodes; ``docs/scaling.md``.
+hosts on 1 Gbit/s shaped links, then carried to the paper's 1000 nodes; ``docs/pages/explanation/scaling.md``.
 
 Hosts are network namespaces (``tests.multihost.netns``: 198.18.0.0/15 addresses, veth pairs to
 a bridge, tc tbf at 1 Gbit/s in both directions). One rank process per host
@@ -30,7 +30,7 @@ the tree server binds the driver namespace's address (``scaling_driver``). No Sp
 5. The 1000-node extrapolation with the paper's setup (``paper_extrapolation``).
 
 ``python -m tests.benchmarks.bench_scaling [--quick]``; ``--plot-from A.json[,B.json...]`` pools
-the rounds of one or more results (:func:`merge`), redraws ``docs/scaling.png`` and prints the
+the rounds of one or more results (:func:`merge`), redraws ``docs/pages/explanation/scaling.png`` and prints the
 doc's tables. Writes bench-results/scaling.json (through ``make bench``).
 """
 
@@ -57,7 +57,7 @@ RATE, LINK_BITS = "1gbit", 1e9
 SLOW_RATE, SLOW_BITS = "200mbit", 2e8
 CHUNK = 1 << 20
 VECTOR_ELEMENTS = (1 << 22) + 3  # [g | loss | bad] of the 2^22-feature model, float64
-DOC_PNG = ROOT / "docs" / "scaling.png"
+DOC_PNG = ROOT / "docs" / "pages" / "explanation" / "scaling.png"
 
 # The paper (Agarwal, Chapelle, Dudík & Langford, JMLR 2014), splice site data, Tables 2-3.
 PAPER = {
@@ -355,7 +355,7 @@ def per_k(runs: list[dict], ks) -> dict:
 
 
 def doc_tables(fig: dict) -> str:
-    """The docs/scaling.md tables of a result: calibration, the sweep, K = 4, the 1000 nodes."""
+    """The docs/pages/explanation/scaling.md tables of a result: calibration, the sweep, K = 4, the 1000 nodes."""
     k = fig["kernels"]
     lb, lo = fig["link_bridge"], fig["link_loopback"]
     ns = lambda x: f"{x * 1e9:.1f} ns"  # noqa: E731

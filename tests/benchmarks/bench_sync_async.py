@@ -1,4 +1,4 @@
-"""The sync-versus-async study (docs/sync_vs_async.md): hardware efficiency (seconds per epoch),
+"""The sync-versus-async study (docs/pages/explanation/sync-vs-async.md): hardware efficiency (seconds per epoch),
 statistical efficiency (epochs to within 1% of the optimal objective) and their product, the
 time to within 1%, for terascale's learners on the benchmark data (Ma, Rusu & Torres 2018,
 "SGD on highly-parallel architectures", Sec. 2 and 6: the paper's three performance axes).

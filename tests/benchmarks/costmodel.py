@@ -1,4 +1,4 @@
-"""The cost model of one training pass (issue 21, ``docs/scaling.md``): pure arithmetic, no I/O.
+"""The cost model of one training pass (issue 21, ``docs/pages/explanation/scaling.md``): pure arithmetic, no I/O.
 
 A pass of K ranks costs
 

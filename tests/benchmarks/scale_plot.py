@@ -1,7 +1,7 @@
 """The scale curve's figure: ``bench-results/scale.json`` (runs of ``bench_scale`` at several N)
-drawn as ``docs/scale.png``, and its table as Markdown.
+drawn as ``docs/pages/explanation/scale.png``, and its table as Markdown.
 
-    python -m tests.benchmarks.scale_plot [--results bench-results/scale.json] [--out docs/scale.png]
+    python -m tests.benchmarks.scale_plot [--results bench-results/scale.json] [--out docs/pages/explanation/scale.png]
 
 Three panels over N (training rows, log-scaled), one point per complete run (runs cut short by
 ``--stop-after`` are left out):
@@ -13,7 +13,7 @@ Three panels over N (training rows, log-scaled), one point per complete run (run
    over all stages);
 3. the test log loss and the generator's Bayes log loss of the same rows.
 
-:func:`table` gives the same figures as a Markdown table (``--table``), for docs/scaling.md.
+:func:`table` gives the same figures as a Markdown table (``--table``), for docs/pages/explanation/scaling.md.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def plot(runs: list[dict], out: Path) -> Path:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m tests.benchmarks.scale_plot", description=__doc__.split("\n")[0])
     ap.add_argument("--results", type=Path, default=RESULTS / "scale.json")
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "scale.png")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "pages" / "explanation" / "scale.png")
     ap.add_argument("--table", action="store_true", help="print the Markdown table too")
     a = ap.parse_args(argv)
     runs = complete_runs(json.loads(a.results.read_text()))

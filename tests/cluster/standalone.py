@@ -186,7 +186,7 @@ def spark_submit(cluster: StandaloneCluster, dist: Dist, job: str, args: list[st
                  conf: dict[str, str] | None = None, timeout_s: float = 600.0,
                  archives: bool = True) -> subprocess.Popen:
     """Start ``spark-submit`` of a terascale job on the cluster (client mode) with the packed
-    artifacts, as the README shows; returns the running process (output in ``log_path``).
+    artifacts, as docs/pages/how-to/cluster.md shows; returns the running process (output in ``log_path``).
     ``archives=False``: the executors run the driver's copy of the unpacked environment (a
     filesystem every host shares) instead of unpacking ``env.tar.gz`` each (about 240 MB per
     executor and application)."""

@@ -1,5 +1,5 @@
 """terascale on a real Spark standalone cluster (a master and two workers on 127.0.0.1),
-submitted with ``spark-submit`` and the ``make dist`` artifacts exactly as the README shows:
+submitted with ``spark-submit`` and the ``make dist`` artifacts exactly as docs/pages/how-to/cluster.md shows:
 featurize -> train -> evaluate, with one executor's JVM killed mid-training: the driver retries
 the barrier stage, the new attempt resumes from the last checkpoint and ends at the objective of
 the same training run undisturbed (in local mode, same shards), and the cluster's evaluation
