@@ -168,9 +168,11 @@ class PathRule:
         return None
 
     def _ups(self, records: list[dict], rows: int) -> int:
-        """How many of ``records`` are steps above the first value."""
-        first = self.bounds(rows)[0]
-        return sum(1 for r in records if r[self.penalty] > first)
+        """How many of ``records`` are steps above the first value (by identity with
+        :meth:`up_values`: ``values(rows)[0]`` may differ from ``first_times_rows / rows`` in its
+        last bit, so no comparison with the first value would do)."""
+        up = set(self.up_values(rows))
+        return sum(1 for r in records if r[self.penalty] in up)
 
     def describe(self, rows: int = 0) -> str:
         first, last = self.bounds(rows)
@@ -341,7 +343,7 @@ def train_path(penalty: str, fit: Callable[..., TrainResult], inputs: Any, comm:
         path.pass_offset += len(local)
         path.time_offset = path.history[-1]["elapsed_s"] if path.history else path.time_offset
         path.step += 1
-        if rule.next_value(path.records, rows) > values[0]:  # up: from the best so far (the turn: step 0's)
+        if rule.next_value(path.records, rows) in rule.up_values(rows):  # up: from the best so far (the turn: step 0's)
             init = np.append(path.best_weights.astype(np.float64), path.best_intercept)
         else:
             init = np.append(res.weights.astype(np.float64), res.intercept)

@@ -5,6 +5,7 @@ it cannot do."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -102,21 +103,23 @@ def test_a_path_whose_first_value_wins_turns_up_until_a_step_is_worse():
     """The held-out loss unimodal in log λ with its minimum at λ*: the path's best step is the
     value nearest λ* in log on the grid of the values down and up, wherever λ* lies."""
     rule = PATHS["l2"]
-    rows = 10_000_000
-    down, up = rule.values(rows), rule.up_values(rows)
-    assert len(up) == 4 and up[0] == pytest.approx(down[0] ** 2 / down[1], rel=1e-12)
-    assert all(b > a for a, b in zip([down[0], *up], up, strict=False))
-    grid = sorted(down + up)
-    for star in (7e-4, 3e-2, 3e-6, 1e-5, 4e-5, 1e-6, 2e-7, 1e-9, 1e-12):
+    # 198,000 and 6,000 rows: logspace's first value is 100/N plus one ulp there
+    for rows, star in itertools.product((10_000_000, 198_000, 6_000, 0), (7e-4, 3e-2, 3e-6, 1e-5, 4e-5, 1e-6, 2e-7,
+                                                                           1e-9, 1e-12)):
+        star *= 1e7 / (rows or 1e6)  # the same place relative to the path's values
+        down, up = rule.values(rows), rule.up_values(rows)
+        assert len(up) == 4 and up[0] == pytest.approx(down[0] ** 2 / down[1], rel=1e-12)
+        assert all(b > a for a, b in zip([down[0], *up], up, strict=False))
+        grid = sorted(down + up)
         tried, stop = walk(rule, lambda v, s=star: (np.log10(v) - np.log10(s)) ** 2, rows)
         nearest = min(grid, key=lambda v, s=star: abs(np.log10(v) - np.log10(s)))
         best = min(tried, key=lambda v, s=star: (abs(np.log10(v) - np.log10(s)), -v))
-        assert best == nearest, (star, tried)
+        assert best == nearest, (rows, star, tried)
         if star > down[0]:  # the turn: two values down, then up while each step wins, one step past
             assert tried[:2] == down[:2] and tried[2:] == up[: len(tried) - 2]
             assert stop == ("end" if nearest == up[-1] else "bracketed")
         elif star < down[1]:  # down only, as before
-            assert tried == down[: len(tried)] and stop in ("end", "patience")
+            assert tried == down[: len(tried)] and stop in ("end", "patience"), (rows, star, tried)
     # a rule without values up goes on down after a worse second step, as the path did before
     flat = PathRule("l2", 1e-4, 1e-8, 8)
     tried, stop = walk(flat, lambda v: -np.log10(v))  # the larger λ, the better
