@@ -67,16 +67,16 @@ def _fit(a: argparse.Namespace, name: str, l2: str) -> dict:
     model = work / f"model-{name}"
     sets = [f"spark.master={a.master}", *TRAIN_SETS, f"train.l2={l2}"]
     meta, wall = train_cli(str(a.workdir / "data" / "train"), str(model), sets, name)
-    rec = {"name": name, "l2": meta.get("regularization", {}).get("value", l2), "wall_s": wall,
+    reg = meta.get("regularization") or {}
+    rec = {"name": name, "l2": float(reg.get("value", meta["config"]["train"]["l2"])), "wall_s": wall,
            "train_seconds": meta.get("train_seconds"), "passes": len(meta.get("history", [])),
            "stop_reason": meta.get("stop_reason")}
     rec.update(_evaluate(a.workdir / "data" / "test", model, work / f"metrics-{name}.json", a.master))
-    if meta.get("regularization"):
-        reg = meta["regularization"]
+    if reg:
         rec["path"] = {"chosen_step": reg.get("chosen_step"), "stop": reg.get("stop"),
                        "steps": [{k: s.get(k) for k in ("l2", "holdout_loss", "passes", "stop_reason")}
                                  for s in reg.get("steps", [])]}
-    print(f"scale_quality: {name:>10}  λ {float(rec['l2']):.3g}  test logloss {rec.get('logloss', float('nan')):.6f}  "
+    print(f"scale_quality: {name:>10}  λ {rec['l2']:.3g}  test logloss {rec.get('logloss', float('nan')):.6f}  "
           f"{rec['passes']} passes  {wall:.0f} s", flush=True)
     return rec
 
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
     if not a.keep:
         shutil.rmtree(a.workdir / "quality", ignore_errors=True)
     print(f"scale_quality: N = {rows:,}: auto {auto['logloss']:.6f}, best fixed {best['logloss']:.6f} at "
-          f"λ {float(best['l2']):.3g}: {entry['auto_minus_best']:+.6f}"
+          f"λ {best['l2']:.3g}: {entry['auto_minus_best']:+.6f}"
           + (f"; best VW ({vw['best']}) {vw[vw['best']]['test_logloss']:.6f}: {entry['auto_minus_best_vw']:+.6f}"
              if vw else "") + f" (targets ≤ {TARGET})", flush=True)
     return merged  # written by tests.benchmarks.__main__ to bench-results/scale_quality.json
