@@ -68,7 +68,7 @@ def run_demo(workdir: str, rows: int) -> int:
 
     print(f"[2/4] featurizing on Spark ({cfg.spark.master})")
     m = featurize(cfg, [raw], data)
-    featurize(cfg, [raw_test], data_test)
+    featurize(cfg, [os.path.join(raw_test, "part-*.tsv")], data_test)  # not the generator's .prob.npy beside it
     print(featurize_summary(m))
     dropped = (m.get("sampling") or {}).get("negatives_dropped", 0)
     conserved = m["lines"] == m["rows"] + dropped + m["quarantine"]["rows"]
