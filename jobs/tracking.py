@@ -13,6 +13,7 @@ which is how evaluate finds the run. Then the run gets
 
 - params: the configuration as the model's metadata holds it (redacted, as everywhere), flattened
   to dotted keys (``train.l2``, ``spark.conf.spark.executor.memory``); lists and mappings as JSON;
+  the model's feature spec (the dataset's, which scoring uses) as ``spec.bits``, ``spec.fields``, ...;
   and (MLflow logs a model's configuration so) the pyfunc model's ``calibration``, ``labeled`` and
   ``skip_bad`` (``jobs.mlflow_model``);
 - metrics per pass (MLflow's step = the pass number): every number of the history entry
@@ -169,7 +170,8 @@ def finish_train(run: TrackedRun | None, cfg, meta: dict, model_dir: str) -> Non
     try:
         with _requests(run.timeout_s, 2), tempfile.TemporaryDirectory(prefix="terascale-mlflow-") as tmp:
             client = run.client()
-            params = [Param(k, v) for k, v in flatten_params(meta["config"]).items()]
+            params = [Param(k, v) for k, v in {**flatten_params(meta["config"]),
+                                               **flatten_params({"spec": meta["spec"]})}.items()]
             for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
                 client.log_batch(run.run_id, params=params[i:i + 100])
             metrics = [Metric(k, v, 0, step) for k, v, step in train_metrics(meta)]

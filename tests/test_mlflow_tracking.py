@@ -126,9 +126,10 @@ def tracked(spark, tmp_path_factory):
     finally:
         os.chdir(cwd)
     assert logs.warnings() == []
+    lines = (d / "rawt" / "part-00000.tsv").read_text().splitlines()[:300]
     return {"dir": d, "uri": uri, "model": str(d / "model"), "meta": load_metadata(str(d / "model")),
-            "metrics": json.loads((d / "metrics.json").read_text()),
-            "lines": (d / "rawt" / "part-00000.tsv").read_text().splitlines()[:300]}
+            "metrics": json.loads((d / "metrics.json").read_text()), "lines": lines,
+            "scores": score_bits(str(d / "model"), lines)}  # terascale score's answers
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +153,9 @@ def test_params_are_the_redacted_configuration(tracked, client):
     meta = tracked["meta"]
     params = client.get_run(meta["tracking"]["mlflow"]["run_id"]).data.params
     # and the logged pyfunc model's own configuration (MLflow logs a model's model_config as params)
-    assert params == {**flat(meta["config"]), "calibration": "population", "labeled": "True", "skip_bad": "False"}
-    assert params["train.l2"] == "auto" and params["train.passes"] == "8"
+    assert params == {**flat(meta["config"]), **flat({"spec": meta["spec"]}), "calibration": "population",
+                      "labeled": "True", "skip_bad": "False"}
+    assert params["train.l2"] == "auto" and params["train.passes"] == "8" and params["spec.bits"] == "16"
     assert params["spark.conf.spark.hadoop.fs.s3a.secret.key"] == "***"
     assert params["tracking.mlflow_uri"] == tracked["uri"]
 
@@ -220,8 +222,7 @@ def test_no_secret_reaches_the_tracking_store(tracked):
 def test_the_registered_pyfunc_scores_as_terascale_score(tracked):
     import mlflow.pyfunc
 
-    lines = tracked["lines"]
-    expected = score_bits(tracked["model"], lines)
+    lines, expected = tracked["lines"], tracked["scores"]
     uri = f"models:/{REGISTERED}/1"
     mlflow.set_tracking_uri(tracked["uri"])
     try:
@@ -261,8 +262,7 @@ def _post(port: int, body: dict) -> dict:
 
 
 def test_mlflow_models_serve_answers_as_terascale_score(tracked):
-    lines = tracked["lines"][:50]
-    expected = score_bits(tracked["model"], lines)
+    lines, expected = tracked["lines"][:50], tracked["scores"][:50]
     port = _free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": tracked["uri"], "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     log = open(tracked["dir"] / "serve.log", "wb")  # noqa: SIM115 - closed below
@@ -310,7 +310,7 @@ def test_an_unreachable_tracking_server_is_a_warning_and_the_model_is_good(track
                      "--set", f"tracking.mlflow_uri={uri}"]) == 0
     meta = load_metadata(str(tmp_path / "m"))
     assert "tracking" not in meta and meta["history"]
-    assert score_bits(str(tmp_path / "m"), tracked["lines"][:5])  # a complete model that scores
+    assert len(score_bits(str(tmp_path / "m"), tracked["lines"][:5])) == 5  # a complete model that scores
     warned = logs.warnings()
     assert any(f"MLflow tracking at http://***@127.0.0.1:{port}: cannot create a run" in w for w in warned), warned
     assert any("records no MLflow run" in w for w in warned), warned
