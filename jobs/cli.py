@@ -24,6 +24,7 @@ from terascale.jobs.steps import (
     featurize,
     featurize_summary,
     metrics_summary,
+    tracking_line,
     train,
     train_summary,
 )
@@ -124,12 +125,24 @@ def cmd_featurize(args) -> int:
 
 
 def cmd_train(args) -> int:
+    from terascale.jobs import tracking
+    from terascale.jobs.train_job import check_outputs
+
     cfg = _warm_start(_resolve(args), args.init_model_if_exists)
     _refuse_served_model(args.model, cfg.train.init_model)
-    meta = train(cfg, args.input, args.model)
+    check_outputs(cfg, args.input, args.model)  # before an MLflow run is created
+    run = tracking.start_train(cfg, args.input, args.model)  # None: not tracked (off, or unreachable: warned)
+    try:
+        meta = train(cfg, args.input, args.model, run.record() if run else None)
+    except BaseException:
+        tracking.fail_train(run)
+        raise
+    tracking.finish_train(run, cfg, meta, args.model)
     _say(f"trained {args.model}")
     print(train_summary(meta))
     print(f"  memory             {memory_line(meta)}")
+    if line := tracking_line(meta):
+        _say(line)
     return 0
 
 
@@ -141,6 +154,10 @@ def cmd_evaluate(args) -> int:
     r = evaluate(cfg, args.input, args.model)
     _say(f"evaluated {args.model} on {args.input}")
     print(metrics_summary(r))
+    from terascale.jobs.tracking import log_evaluation
+
+    if run_id := log_evaluation(cfg, args.model, r):  # the model's MLflow run, when tracking is on
+        print(f"  mlflow run          {run_id} (metrics logged as eval/*)")
     if args.out:
         from terascale.pipeline.fsutil import write_json_atomic
 

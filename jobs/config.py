@@ -315,12 +315,35 @@ class PredictConf:
 
 
 @dataclass(frozen=True)
+class TrackingConf:
+    mlflow_uri: str = param(
+        "", "MLflow tracking URI that train logs a run to and evaluate adds its metrics to (http(s)://HOST:PORT, "
+        "sqlite:///PATH.db, file:///DIR, databricks, ...; jobs.tracking); '' = the MLFLOW_TRACKING_URI environment "
+        "variable, no tracking when that is unset too; off = no tracking whatever the environment says. Needs the "
+        "mlflow extra (pip install 'terascale[mlflow]'); a tracking server that cannot be reached (or mlflow missing) "
+        "is a warning, never a failed job", Pattern(nonempty=False))
+    experiment: str = param("terascale", "MLflow experiment of train's runs (created when missing)", Pattern())
+    run_name: str = param("", "name of train's MLflow run; '' = the model directory's last path element", Pattern(nonempty=False))
+    log_model: bool = param(
+        True, "also log the model as an MLflow pyfunc model (jobs.mlflow_model: scores raw log lines exactly as "
+        "terascale score does; mlflow.pyfunc.load_model, mlflow models serve); it holds a copy of the model directory")
+    registered_model: str = param(
+        "", "register the logged pyfunc model under this name in the MLflow model registry (a new version per "
+        "run; needs tracking.log_model); '' = do not register", Pattern(nonempty=False))
+    timeout_s: float = param(
+        10.0, "each request to an MLflow tracking server times out after this many seconds and is retried at most "
+        "twice (the MLFLOW_HTTP_REQUEST_TIMEOUT and _MAX_RETRIES environment variables win when set): an unreachable "
+        "server costs a bounded wait and a warning", Interval(0, 3600, lo_open=True))
+
+
+@dataclass(frozen=True)
 class Config:
     featurize: FeaturizeConf = section(FeaturizeConf, "raw click logs -> hashed Parquet")
     train: TrainConf = section(TrainConf, "distributed training")
     predict: PredictConf = section(PredictConf, "the predict job")
     allreduce: AllreduceConf = section(AllreduceConf, "spanning-tree AllReduce")
     spark: SparkConf = section(SparkConf, "the Spark session")
+    tracking: TrackingConf = section(TrackingConf, "MLflow tracking of train and evaluate (optional: the mlflow extra)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,6 +496,10 @@ def _cross_checks(cfg: Config) -> None:
                           "bound in memory; set train.shuffle=false or train.data_cache=memory")
     if t.data_cache != "memory" and 0 < t.memory_budget_mb < minimum_budget_mb(t.threads):
         raise budget_error(t.memory_budget_mb, t.threads, t.data_cache)
+    if cfg.tracking.registered_model and not cfg.tracking.log_model:
+        raise ConfigError(f"tracking.registered_model = {cfg.tracking.registered_model!r}: registers the logged pyfunc "
+                          "model, but tracking.log_model = false logs none; set tracking.log_model=true or "
+                          "tracking.registered_model=''")
     if cfg.train.inject.slow_shard >= cfg.train.workers:
         raise ConfigError(
             f"train.inject.slow_shard = {cfg.train.inject.slow_shard}: must be -1 or a shard in [0, {cfg.train.workers - 1}]"

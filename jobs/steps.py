@@ -46,7 +46,8 @@ def _sampling_lines(m: dict) -> list[str]:
             f"kept {s['after']['negatives']:,} of {s['before']['negatives']:,} at weight {s['negative_weight']:g})"]
 
 
-def train(cfg, data_dir: str, model_dir: str) -> dict:
+def train(cfg, data_dir: str, model_dir: str, tracking: dict | None = None) -> dict:
+    """Run the train job; ``tracking``: the model metadata's MLflow run entry (``jobs.tracking``)."""
     from terascale.jobs.config import check_listen_address
     from terascale.jobs.session import get_spark
     from terascale.jobs.train_job import check_local_slots, check_outputs, run_train
@@ -54,7 +55,15 @@ def train(cfg, data_dir: str, model_dir: str) -> dict:
     check_outputs(cfg, data_dir, model_dir)  # before the session starts
     check_listen_address(cfg.allreduce)
     check_local_slots(cfg)
-    return run_train(get_spark(cfg.spark, cfg.train.threads), cfg, data_dir, model_dir)
+    return run_train(get_spark(cfg.spark, cfg.train.threads), cfg, data_dir, model_dir, tracking)
+
+
+def tracking_line(meta: dict) -> str | None:
+    """The MLflow run a model was tracked in, for display; None when it was not."""
+    m = (meta.get("tracking") or {}).get("mlflow")
+    if not m:
+        return None
+    return f"  mlflow run         {m['run_id']} (experiment {m['experiment_id']}) at {m['tracking_uri']}"
 
 
 def penalty_text(value) -> str:

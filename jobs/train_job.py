@@ -199,8 +199,9 @@ def _recalibration_record(planned: bool, why: str, fitted: dict | None) -> dict:
     return {"applied": planned, "why": why, **(fitted or {})}
 
 
-def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
-    """Train on the featurized dataset ``data_dir`` and write ``model_dir``; returns its metadata."""
+def run_train(spark, cfg: Config, data_dir: str, model_dir: str, tracking: dict | None = None) -> dict:
+    """Train on the featurized dataset ``data_dir`` and write ``model_dir``; returns its metadata.
+    ``tracking``: the metadata's ``tracking`` entry (the MLflow run, ``jobs.tracking``), if any."""
     t0 = time.perf_counter()
     check_outputs(cfg, data_dir, model_dir)
     manifest = read_manifest(data_dir)
@@ -275,6 +276,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str) -> dict:
         "attempts": res.attempts,
         "tasks": [{k: v for k, v in x.items() if k != "result"} for x in res.tasks],
         "train_seconds": time.perf_counter() - t0,
+        **({"tracking": tracking} if tracking else {}),
     }
     try:
         tokens = modeldir.copy_token_dictionary(data_dir, manifest, staging)

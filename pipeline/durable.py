@@ -89,8 +89,12 @@ def write_bytes(path: str, data: bytes, tag: str = "") -> None:
 
 def write_stream(path: str, produce: Callable[[Any], object], tag: str = "") -> None:
     """:func:`write_bytes` for data made piece by piece: ``produce(out)`` writes into ``out``
-    (a binary output stream, not seekable) and the whole never has to be in memory at once."""
+    (a binary output stream, not seekable) and the whole never has to be in memory at once.
+    A missing local parent directory is created (as HDFS and object stores do by themselves), so
+    that e.g. ``evaluate --out metrics/DAY.json`` works on a fresh local path as on HDFS."""
     fs, inner = fsutil.resolve(path)
+    if is_local(path):
+        os.makedirs(parent(inner), exist_ok=True)
     tmp = unique_tmp(inner, tag)
     try:
         with fs.open_output_stream(tmp) as out:

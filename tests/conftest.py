@@ -10,6 +10,9 @@ import pytest
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("PYTHONHASHSEED", "0")
+# train and evaluate track to MLflow when MLFLOW_TRACKING_URI is set (jobs.tracking): the suite
+# never logs to a developer's tracking server; the MLflow tests name their own store
+os.environ.pop("MLFLOW_TRACKING_URI", None)
 # numba's default cache is keyed on each kernel's own file and timestamp, but a cached kernel
 # contains the code of the njit functions it calls: after an edit to a callee in another file
 # (losses.py under dual_kernels.py, say) the tests would run the caller's stale code. The

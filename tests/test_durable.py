@@ -22,6 +22,15 @@ def test_write_bytes_file_uri(tmp_path):
     assert (tmp_path / "b.bin").read_bytes() == b"\x00\x01"
 
 
+def test_write_bytes_creates_a_missing_local_parent(tmp_path):
+    """evaluate --out metrics/DAY.json on a fresh local path (found by the Airflow DAG's first real run)."""
+    durable.write_bytes(str(tmp_path / "metrics" / "daily" / "d.json"), b"{}")
+    durable.write_bytes(f"file://{tmp_path}/other/e.json", b"[]")
+    assert (tmp_path / "metrics" / "daily" / "d.json").read_bytes() == b"{}"
+    assert (tmp_path / "other" / "e.json").read_bytes() == b"[]"
+    assert sorted(os.listdir(tmp_path / "metrics" / "daily")) == ["d.json"]
+
+
 def test_failed_write_keeps_old_file_and_removes_temporary(tmp_path):
     target = tmp_path / "c.txt"
     target.write_bytes(b"old")
