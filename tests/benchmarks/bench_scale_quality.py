@@ -42,8 +42,8 @@ LAMBDA_VW = 1e-6  # bfgs_l2's λ, as tests.benchmarks.bench_defaults runs it (VW
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tests.benchmarks scale_quality", description=__doc__.split("\n")[0])
     p.add_argument("--workdir", type=Path, required=True, help="a scale run's work folder, kept with --keep")
-    p.add_argument("--grid", type=float, nargs="+", default=list(GRID_TIMES_ROWS),
-                   help="the fixed values as λN (λ times the dataset's rows)")
+    p.add_argument("--grid", type=float, nargs="*", default=list(GRID_TIMES_ROWS),
+                   help="the fixed values as λN (λ times the dataset's rows); none: auto (and VW) only")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--keep", action="store_true", help="keep the models in <workdir>/quality")
     p.add_argument("--vw", choices=("auto", "on", "off"), default="auto",
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.time()
     auto = _fit(a, "auto", "auto")
     grid = [_fit(a, f"{g:g}N", repr(g / rows)) for g in a.grid]
-    best = min(grid, key=lambda r: r["logloss"])
+    best = min(grid, key=lambda r: r["logloss"]) if grid else {"l2": float("nan"), "logloss": float("nan")}
     vw = None
     if a.vw == "on" or (a.vw == "auto" and rows <= VW_ROWS):
         work = a.workdir / "quality" / "vw"
@@ -103,13 +103,16 @@ def main(argv: list[str] | None = None) -> dict:
              "auto": auto, "grid_times_rows": a.grid, "grid": grid,
              "best_fixed": {"l2": best["l2"], "logloss": best["logloss"]},
              "auto_minus_best": auto["logloss"] - best["logloss"], "target": TARGET,
-             "met": auto["logloss"] - best["logloss"] <= TARGET, "vw": vw}
+             "met": auto["logloss"] - best["logloss"] <= TARGET if grid else None, "vw": vw}
     if vw is not None:
         entry["auto_minus_best_vw"] = auto["logloss"] - vw[vw["best"]]["test_logloss"]
         entry["met_vw"] = entry["auto_minus_best_vw"] <= TARGET
     entry["wall_s"] = time.time() - started
     path = RESULTS / "scale_quality.json"
     merged = json.loads(path.read_text()) if path.exists() else {"benchmark": "scale_quality", "runs": {}}
+    old = merged["runs"].get(str(rows), {})
+    if not grid and old.get("grid"):  # a run without a grid keeps the grid of the run before it
+        entry.update({k: old[k] for k in ("grid_times_rows", "grid", "best_fixed", "auto_minus_best", "met")})
     merged["runs"][str(rows)] = entry
     if not a.keep:
         shutil.rmtree(a.workdir / "quality", ignore_errors=True)

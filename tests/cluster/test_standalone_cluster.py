@@ -78,7 +78,9 @@ def faulted(site, featurized) -> tuple[dict, str]:
     ckpt = Path(str(model) + ".checkpoint")
     p = spark_submit(site.cluster, site.dist, "train",
                      ["--input", str(featurized), "--model", str(model), *TRAIN,
-                      "--set", "train.inject.pass_delay_s=3"], site.work / "train.log")
+                      # every pass lasts at least 1 s: the kill, as soon as pass 2's checkpoint is
+                      # seen (polled every 0.2 s), lands with at least 6 passes (6 s) still to run
+                      "--set", "train.inject.pass_delay_s=1"], site.work / "train.log")
     deadline = time.monotonic() + 400
     # a checkpoint is complete when its manifest (run-RUN/pass-PPPPPP.aAA.json, written last) lands
     while not any(ckpt.glob("run-*/pass-000002.a*.json")):
