@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     merged["runs"][str(rows)] = entry
     if not a.keep:
         shutil.rmtree(a.workdir / "quality", ignore_errors=True)
+    best = entry["best_fixed"]
     print(f"scale_quality: N = {rows:,}: auto {auto['logloss']:.6f}, best fixed {best['logloss']:.6f} at "
           f"λ {best['l2']:.3g}: {entry['auto_minus_best']:+.6f}"
           + (f"; best VW ({vw['best']}) {vw[vw['best']]['test_logloss']:.6f}: {entry['auto_minus_best_vw']:+.6f}"
