@@ -11,10 +11,17 @@ pass 1), so batch logs under spark-submit or Airflow stay readable.
 training sooner, so it is an upper bound and shown as such (``ETA ≤``). Its pass time leaves
 the start-up out (Spark's task launch, reading the shard): during pass 1 it is the row rate
 between the first heartbeat that counted rows and now; after a pass, the last pass's own
-seconds as rank 0 measured them (``pass_s``). A regularization path (``train.l2=auto``) has a
-budget per step and a number of steps it rarely runs to the end (it stops by patience), so
-its line names the step (``λ step k/n``) and its ETA bounds the step's budget (``this step``),
-not that of every step, which would be n times the run's real length.
+seconds as rank 0 measured them (``pass_s``).
+
+**A regularization path** (``train.l2=auto``) has a budget per step and a number of steps it
+rarely runs to the end, so a bound would be n times the run's real length; its line names the
+step (``λ step k/n``) and its ETA (``ETA ≈``, "the path, estimated") is an estimate of the
+passes left (:meth:`Snapshot.path_passes_left`): the rest of the current step (step 0, the
+cold one: its budget, which it mostly uses, 16–20 of 20 on the scale curve; a warm-started step:
+the mean passes of the warm steps done, else ``WARM_STEP_PASSES``), then the steps the path's
+stopping rule will still run if the best step so far stays the best (``PATIENCE`` after it), each
+as a warm step. Rank 0 writes the steps done (passes, held-out loss) and whether the current
+step is over into the progress file.
 """
 
 from __future__ import annotations
@@ -28,10 +35,13 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from terascale.pipeline import durable, fsutil
+from terascale.solvers.regpath import PATIENCE, choose
 
 log = logging.getLogger("terascale.train")
 
 FILE = "_progress.json"
+#: passes of a warm-started path step before any has run (the scale curve, 1M-100M rows: 5-11)
+WARM_STEP_PASSES = 7
 
 
 def write_pass(directory: str, state: dict, tag: str = "") -> None:
@@ -52,6 +62,10 @@ def write_pass(directory: str, state: dict, tag: str = "") -> None:
         "path_step": last.get("path_step"),  # a regularization path: the step, its pass, the steps
         "step_pass": last.get("step_pass"),
         "path_steps": len(state["path_values"]) if state.get("path_values") else None,
+        # a path: the steps done (their passes and held-out loss), and whether this pass ended its step
+        "path_records": [{"passes": r.get("passes"), "holdout_loss": r.get("holdout_loss")}
+                         for r in state.get("path_records") or []],
+        "step_over": state.get("path_step_stop") is not None,
         "written": time.time(),
     }
     durable.write_bytes(fsutil.join(directory, FILE), json.dumps(body, indent=2).encode() + b"\n", tag=tag)
@@ -81,6 +95,8 @@ class Snapshot:
     path_step: int | None = None  # a path: the step of the last completed pass (0-based)
     step_pass: int | None = None  # ... and its pass within the step
     path_steps: int | None = None
+    path_records: list[dict] | None = None  # a path: the steps done before the current one
+    step_over: bool = False  # a path: the last completed pass ended its step
     #: pass 1's first heartbeat that counted rows: (elapsed_s, rows_done) then, the rate's start
     rate_start: tuple[float, int] | None = None
 
@@ -100,28 +116,48 @@ class Snapshot:
         return (self.rows_done - r0) / (self.elapsed_s - t0)
 
     def _passes_left(self) -> int:
-        """Passes still in the budget the ETA bounds: the run's, or a path step's."""
-        if self.step_passes and self.path_step is not None:
-            return max(self.step_passes - (self.step_pass or 0), 0)
-        budget = self.step_passes or self.passes
-        return max(budget - self.done_pass, 0)
+        """Passes still in the run's budget (a run with one λ: the ETA's bound)."""
+        return max(self.passes - self.done_pass, 0)
+
+    def path_passes_left(self) -> float:
+        """A path's passes still to run, estimated (module docstring): the current step's rest,
+        then the steps its stopping rule runs after the best so far, as warm steps."""
+        done = list(self.path_records or [])
+        k = self.path_step or 0
+        sp = self.step_pass or 0
+        warm = [float(r["passes"]) for r in done[1:] if r.get("passes")]
+        per_warm = sum(warm) / len(warm) if warm else float(WARM_STEP_PASSES)
+        if self.step_over:  # the step ended with this pass: it is one of the steps done
+            done.append({"passes": sp, "holdout_loss": self.holdout_loss})
+            k, this = k + 1, per_warm  # the next step, not begun
+        elif k == 0:
+            this = max(self.step_passes - sp, 0)
+        else:
+            this = max(per_warm - sp, 1.0)  # at least this pass's successor: the step is not over
+        best = choose(done) if done else 0
+        total = min(best + PATIENCE + 1, self.path_steps or best + PATIENCE + 1)
+        return this + max(total - (k + 1), 0) * per_warm
+
+    def _path(self) -> bool:
+        return bool(self.step_passes)
 
     def eta_s(self) -> float | None:
         if self.done_pass >= 1:
             per_pass = self.pass_s if self.pass_s else (self.elapsed_s / self.done_pass if self.elapsed_s > 0 else None)
-            return None if per_pass is None else per_pass * self._passes_left()
+            left = self.path_passes_left() if self._path() else self._passes_left()
+            return None if per_pass is None else per_pass * left
         rate = self._pass1_rate()
-        if rate and self.rows:  # pass 1: the rest of it, then the budget's other passes
-            budget = self.step_passes or self.passes
-            return max(self.rows - self.rows_done, 0) / rate + (budget - 1) * self.rows / rate
+        if rate and self.rows:  # pass 1: the rest of it, then the budget's (or the path's) other passes
+            others = (self.path_passes_left() - 1) if self._path() else (self.passes - 1)
+            return max(self.rows - self.rows_done, 0) / rate + max(others, 0) * self.rows / rate
         return None
 
     def fraction(self) -> float:
         within = 0.0 if self.done_pass or not self.rows else min(self.rows_done / self.rows, 1.0)
-        if self.step_passes and self.path_step is not None and self.path_steps:
-            step_done = min((self.step_pass or 0) / self.step_passes, 1.0)
-            return min((self.path_step + step_done) / self.path_steps, 1.0)
-        return min((self.done_pass + within) / max(self.step_passes or self.passes, 1), 1.0)
+        if self._path():  # the passes done against those done and still to run, estimated
+            done = self.done_pass + within
+            return min(done / max(done + self.path_passes_left() - within, 1e-9), 1.0)
+        return min((self.done_pass + within) / max(self.passes, 1), 1.0)
 
     def text(self) -> str:
         budget = self.step_passes or self.passes
@@ -140,8 +176,7 @@ class Snapshot:
         eta = self.eta_s()
         parts.append(f"elapsed {_duration(self.elapsed_s)}")
         if eta is not None:
-            path = self.step_passes and self.path_step is not None
-            parts.append(f"ETA ≤ {_duration(eta)}" + (" (this step)" if path else ""))
+            parts.append(f"ETA ≈ {_duration(eta)} (the path, estimated)" if self._path() else f"ETA ≤ {_duration(eta)}")
         if self.attempt > 1:
             parts.append(f"attempt {self.attempt}")
         return ", ".join(parts)
@@ -206,6 +241,7 @@ class ProgressMonitor:
             s.objective, s.holdout_loss = rec.get("objective"), rec.get("holdout_loss")
             s.pass_s, s.path_step = rec.get("pass_s"), rec.get("path_step")
             s.step_pass, s.path_steps = rec.get("step_pass"), rec.get("path_steps")
+            s.path_records, s.step_over = rec.get("path_records"), bool(rec.get("step_over"))
         s.elapsed_s = time.monotonic() - self._t0
         server = self._server
         if server is not None and s.done_pass == 0:

@@ -50,19 +50,33 @@ def test_snapshot_eta_and_text():
     assert bar(0.5, width=10) == "[#####-----]  50.0%"
 
 
-def test_a_paths_eta_bounds_its_step_not_every_step():
-    # l2=auto: 8 steps of 20 passes each; step 2 (index 1) has done 3 of its passes, 2 s each
-    s = Snapshot(passes=160, rows=1000, step_passes=20, done_pass=12, path_step=1, step_pass=3,
+def test_a_paths_eta_estimates_the_passes_its_stopping_rule_will_run():
+    # l2=auto, 8 steps of 20 passes; step 0 (cold) runs to its budget, warm steps as those done
+    s = Snapshot(passes=160, rows=1000, step_passes=20, done_pass=2, path_step=0, step_pass=2,
                  path_steps=8, pass_s=2.0, elapsed_s=50.0)
-    assert s.eta_s() == pytest.approx(34.0)  # 17 passes of this step, not 148 of the path
-    assert s.fraction() == pytest.approx((1 + 3 / 20) / 8)
-    assert s.text() == ("λ step 2/8, pass 3/20 done (12 in all), rows 1,000/pass, elapsed 0:50, "
-                        "ETA ≤ 0:34 (this step)")
+    # the rest of step 0 (18), then PATIENCE = 2 steps after it (the best so far) of 7 passes
+    assert s.path_passes_left() == pytest.approx(18 + 2 * 7) and s.eta_s() == pytest.approx(64.0)
+    assert s.fraction() == pytest.approx(2 / (2 + 32))
+    assert s.text() == ("λ step 1/8, pass 2/20 done (2 in all), rows 1,000/pass, elapsed 0:50, "
+                        "ETA ≈ 1:04 (the path, estimated)")
+    # step 0 over with its 20th pass: two more steps (the patience after step 0, the best so far)
+    s.done_pass, s.step_pass, s.step_over, s.holdout_loss = 20, 20, True, 0.48
+    assert s.path_passes_left() == pytest.approx(2 * 7)
+    # inside step 2 (index 1 won: 0.47 < 0.48; its 5 passes the warm mean): the rest of it, 2 more
+    s = Snapshot(passes=160, rows=1000, step_passes=20, done_pass=28, path_step=2, step_pass=3, path_steps=8,
+                 pass_s=2.0, path_records=[{"passes": 20, "holdout_loss": 0.48}, {"passes": 5, "holdout_loss": 0.47}])
+    assert s.path_passes_left() == pytest.approx((5 - 3) + 1 * 5)
+    s.step_pass = 9  # past the warm mean and not over: at least one more pass
+    assert s.path_passes_left() == pytest.approx(1 + 5)
+    # the patience spent after the best (step 0): the current step is the path's last
+    s.path_records = [{"passes": 20, "holdout_loss": 0.47}, {"passes": 5, "holdout_loss": 0.48}]
+    s.step_pass = 2
+    assert s.path_passes_left() == pytest.approx(5 - 2)
     first = Snapshot(passes=160, rows=1000, step_passes=20, elapsed_s=10.0)
     first.note_rows(100)
     first.elapsed_s = 11.0
-    first.note_rows(200)  # 100 rows/s: 8 s to the end of pass 1, 19 more passes of the step
-    assert first.eta_s() == pytest.approx(8.0 + 190.0) and first.text().startswith("pass 1/20,")
+    first.note_rows(200)  # 100 rows/s: 8 s to the end of pass 1, then 19 + 2 * 7 more passes
+    assert first.eta_s() == pytest.approx(8.0 + 330.0) and first.text().startswith("pass 1/20,")
 
 
 def test_progress_file_roundtrip(tmp_path):

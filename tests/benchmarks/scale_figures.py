@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 _FINISHED = re.compile(r"INFO terascale: (\w+) finished in ([0-9.]+) s")
-_PROGRESS = re.compile(r"progress: (.*?)elapsed ([0-9:]+)(?:, ETA ≤ ([0-9:]+))?")
+_PROGRESS = re.compile(r"progress: (.*?)elapsed ([0-9:]+)(?:, ETA [≤≈] ([0-9:]+))?")
 _PASS = re.compile(r"pass (\d+)/(\d+)( done)?")
 
 
