@@ -63,15 +63,16 @@ docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --quiet -f docs/mkdocs.yml
 
 # look at a training report and the docs site as a person would: headless Chromium (Debian's
-# chromium package). The report's PNG goes beside it (skipped when there is no report: `make
-# demo` writes one); the site's home page, tutorial and configuration reference go to site-shots/.
+# chromium package), all into site-shots/: the report (skipped when there is none: `make demo`
+# writes one; never beside it, where a file terascale did not write would make the model directory
+# foreign to the next run), the site's home page, tutorial and configuration reference.
 REPORT ?= demo-output/model/report.html
 SHOT := chromium --headless --no-sandbox --disable-gpu --hide-scrollbars
 screenshot: docs
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
-	if [ -f $(REPORT) ]; then $(SHOT) --window-size=1280,4200 --screenshot=$(REPORT:.html=.png) \
-		file://$(abspath $(REPORT)); else echo "no $(REPORT): run make demo for the report's screenshot"; fi
 	mkdir -p site-shots
+	if [ -f $(REPORT) ]; then $(SHOT) --window-size=1280,4200 --screenshot=site-shots/report.png \
+		file://$(abspath $(REPORT)); else echo "no $(REPORT): run make demo for the report's screenshot"; fi
 	$(SHOT) --window-size=1280,1600 --screenshot=site-shots/home.png file://$(abspath site/index.html)
 	$(SHOT) --window-size=1280,3000 --screenshot=site-shots/tutorial.png file://$(abspath site/tutorial.html)
 	$(SHOT) --window-size=1280,3000 --screenshot=site-shots/configuration.png \

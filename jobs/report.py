@@ -29,11 +29,10 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from terascale.jobs.memory_accounting import CATEGORIES, fmt_bytes  # noqa: E402
 from terascale.jobs.steps import penalties_text, recalibration_text  # noqa: E402
-from terascale.pipeline import modeldir  # noqa: E402
+from terascale.pipeline import artifacts, modeldir  # noqa: E402
 from terascale.pipeline.redact import redact  # noqa: E402
 
-PLOTS = ("objective_by_pass", "objective_by_time", "rank_timings", "memory", "roc", "precision_recall", "calibration",
-         "regularization_path")
+PLOTS = artifacts.REPORT_PLOTS  # the files a model directory may hold besides the model (pipeline.artifacts)
 
 
 def _png(fig) -> bytes:
@@ -218,6 +217,7 @@ def build_report(model_dir: str, eval_json: str | None = None, out_dir: str | No
         images["precision_recall"] = _pr_plot(c["pr"], metrics["auprc"], metrics["positive_rate"])
         images["calibration"] = _calibration_plot(c["calibration"], metrics["calibration"])
     for name, data in images.items():
+        assert name in PLOTS, name  # a plot not listed there would make the model directory foreign
         with open(os.path.join(out, f"{name}.png"), "wb") as f:
             f.write(data)
     path = os.path.join(out, "report.html")

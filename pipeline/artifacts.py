@@ -48,8 +48,10 @@ MODEL_MARKER = "metadata.json"
 PREDICTIONS_MARKER = "_terascale_predictions.json"
 CHECKPOINTS_MARKER = "_terascale_checkpoints.json"
 MARKER_VERSION = 1
-_REPORT = ("report.html", "objective_by_pass.png", "objective_by_time.png", "rank_timings.png", "roc.png",
-           "precision_recall.png", "calibration.png")
+#: the plots ``terascale report`` (jobs.report) writes beside report.html, as <name>.png
+REPORT_PLOTS = ("objective_by_pass", "objective_by_time", "rank_timings", "memory", "roc", "precision_recall",
+                "calibration", "regularization_path")
+_REPORT = ("report.html", *(f"{p}.png" for p in REPORT_PLOTS))
 # relative paths terascale writes inside each kind of artifact
 OWN = {
     DATASET: (MANIFEST, "part-*.parquet", "_groups.npy", "_tokens.parquet", "_quarantine/*", "_temporary/*"),

@@ -310,6 +310,14 @@ def test_report_of_a_real_run(spark, data, tmp_path):
     assert via["model"] == metrics["model"] and via["logloss"] == metrics["logloss"]
     assert cli(["report", str(tmp_path / "m"), "--eval", str(tmp_path / "metrics.json"), "--out", str(tmp_path / "r")]) == 0
     names = ["objective_by_pass", "objective_by_time", "rank_timings", "memory", "roc", "precision_recall", "calibration"]
+    # the report beside the model (as make demo writes it) is the
+    # model directory's own: a later run may replace the directory (demo's second run did not)
+    from terascale.pipeline import artifacts
+
+    assert cli(["report", str(tmp_path / "m"), "--eval", str(tmp_path / "metrics.json"), "--out", str(tmp_path / "m")]) == 0
+    found = artifacts.inspect(str(tmp_path / "m"))
+    assert found.kind == artifacts.MODEL and found.foreign == [], found
+    assert {f"{n}.png" for n in names} <= {p.name for p in (tmp_path / "m").iterdir()}
     for n in names:
         png = (tmp_path / "r" / f"{n}.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
