@@ -133,7 +133,7 @@ class PathRule:
 
     def max_steps(self) -> int:
         """The most steps a path runs: the n values down, or two of them and the ``up`` above."""
-        return max(self.n, 2 + self.up) if self.up else self.n
+        return max(self.n, 2 + self.up)
 
     def next_value(self, records: list[dict], rows: int = 0) -> float | None:
         """The value of the step after ``records`` (the steps done, in the order run, each with
@@ -163,7 +163,7 @@ class PathRule:
             return "end" if ups >= self.up else None
         if len(records) >= self.n:
             return "end"
-        if len(records) - 1 - best >= PATIENCE and not (self.up and len(records) == 2):
+        if len(records) - 1 - best >= PATIENCE:  # never after 2 steps: the turn's test comes first
             return "patience"
         return None
 

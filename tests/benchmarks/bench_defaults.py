@@ -21,11 +21,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from tests.benchmarks.common import RESULTS, ROOT, generated_logs
+from tests.benchmarks.common import RESULTS, ROOT, generated_logs, terascale_cli
 from tests.benchmarks.vw_io import vw_plain_runs
 
 ROWS = (200_000, 500_000, 2_000_000)
@@ -39,10 +38,8 @@ if os.environ.get("TERASCALE_BENCH_SMALL"):
 
 def _cli(*args: str) -> float:
     """One terascale command in a fresh application; its wall seconds (RuntimeError on failure)."""
-    exe = Path(sys.executable).with_name("terascale")
-    cli = [str(exe)] if exe.exists() else [sys.executable, "-m", "terascale.jobs.cli"]
     t0 = time.perf_counter()
-    r = subprocess.run(cli + list(args) + ["--set", "spark.master=local[2]"], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(terascale_cli() + list(args) + ["--set", "spark.master=local[2]"], capture_output=True, text=True, cwd=ROOT)
     if r.returncode != 0:
         raise RuntimeError(f"terascale {args[0]} failed: {r.stderr[-3000:]}")
     return time.perf_counter() - t0

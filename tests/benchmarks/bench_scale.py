@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 
 from tests.benchmarks import scale_disk
-from tests.benchmarks.common import RESULTS, ROOT, write_result
+from tests.benchmarks.common import RESULTS, ROOT, terascale_cli, write_result
 from tests.benchmarks.measured import run_measured
 from tests.benchmarks.scale_fault import Killer, compare
 from tests.benchmarks.scale_figures import (
@@ -136,8 +136,7 @@ class Runner:
 
     def __init__(self, a: argparse.Namespace):
         self.a, self.work, self.stages = a, a.workdir, {}
-        exe = Path(sys.executable).with_name("terascale")
-        self.cli = [str(exe)] if exe.exists() else [sys.executable, "-m", "terascale.jobs.cli"]
+        self.cli = terascale_cli()
         self.spark_sets = [f"spark.master={a.master}"]
         self.fault: dict | None = None
 

@@ -24,12 +24,11 @@ import argparse
 import json
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from tests.benchmarks.bench_scale import TRAIN_SETS
-from tests.benchmarks.common import RESULTS, ROOT, train_cli
+from tests.benchmarks.common import RESULTS, ROOT, terascale_cli, train_cli
 from tests.benchmarks.vw_io import vw_plain_runs
 
 EXPLICIT_ONLY = True  # minutes to hours: nine training runs at the curve's sizes
@@ -52,9 +51,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def _evaluate(test: Path, model: Path, out: Path, master: str) -> dict:
-    exe = Path(sys.executable).with_name("terascale")
-    cli = [str(exe)] if exe.exists() else [sys.executable, "-m", "terascale.jobs.cli"]
-    r = subprocess.run(cli + ["evaluate", "--input", str(test), "--model", str(model), "--out", str(out),
+    r = subprocess.run(terascale_cli() + ["evaluate", "--input", str(test), "--model", str(model), "--out", str(out),
                               "--overwrite", "--set", f"spark.master={master}"], capture_output=True, text=True, cwd=ROOT)
     if r.returncode != 0:
         raise RuntimeError(f"terascale evaluate ({model.name}) failed: {r.stderr[-3000:]}")

@@ -83,18 +83,21 @@ def generated_logs(rows: int, files: int, seed: int, positive_rate: float | None
     return d
 
 
+def terascale_cli() -> list[str]:
+    """The ``terascale`` command beside this interpreter (else ``python -m terascale.jobs.cli``)."""
+    exe = Path(sys.executable).with_name("terascale")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "terascale.jobs.cli"]
+
+
 def train_cli(dataset_dir: str, model_dir: str, sets: list[str], what: str) -> tuple[dict, float]:
     """One ``terascale train --overwrite`` in a fresh application (the installed command beside
     this interpreter): (the model's metadata.json, wall seconds); RuntimeError naming ``what``."""
     import subprocess
-    from pathlib import Path as _Path
 
-    exe = _Path(sys.executable).with_name("terascale")
-    cli = [str(exe)] if exe.exists() else [sys.executable, "-m", "terascale.jobs.cli"]
     t0 = time.perf_counter()
-    r = subprocess.run(cli + ["train", "--input", dataset_dir, "--model", model_dir, "--overwrite"]
+    r = subprocess.run(terascale_cli() + ["train", "--input", dataset_dir, "--model", model_dir, "--overwrite"]
                        + [a for s in sets for a in ("--set", s)], capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise RuntimeError(f"terascale train ({what}) failed: {r.stderr[-3000:]}")
-    return json.loads((_Path(model_dir) / "metadata.json").read_text()), wall
+    return json.loads((Path(model_dir) / "metadata.json").read_text()), wall

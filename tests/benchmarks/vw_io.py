@@ -58,20 +58,20 @@ def write_vw(csr, path: str) -> None:
         f.write(_text(csr))
 
 
-def write_vw_dataset(dataset_dir: str, path: str) -> int:
+def write_vw_dataset(dataset_dir: str, path: str) -> np.ndarray:
     """A featurized dataset as VW text, one row group at a time (memory: one row group), in the
-    order :func:`pipeline.dataset.read_dataset` reads it; returns the rows written."""
+    order :func:`pipeline.dataset.read_dataset` reads it; returns its labels (float64, 8 B a row)."""
     from terascale.pipeline.dataset import plan_shards, read_csr, read_manifest
 
     m = read_manifest(dataset_dir)
     n_features = 1 << int(m["spec"]["bits"])
-    rows = 0
+    labels = []
     with open(path, "wb") as f:
         for part in plan_shards(dataset_dir, 1, m)[0]:
             csr = read_csr([part], n_features)
             f.write(_text(csr))
-            rows += csr.n_rows
-    return rows
+            labels.append(csr.labels.astype(np.float64))
+    return np.concatenate(labels) if labels else np.zeros(0)
 
 
 def _logloss(y: np.ndarray, p: np.ndarray) -> float:
@@ -94,7 +94,7 @@ def vw_plain_runs(train_dir: str, test_dir: str, bits: int, work: str, l2_sum: f
 
     txt, test_txt, cache = f"{work}/train.vw", f"{work}/test.vw", f"{work}/train.cache"
     write_vw_dataset(train_dir, txt)
-    write_vw_dataset(test_dir, test_txt)
+    y = write_vw_dataset(test_dir, test_txt)
     out: dict = {"cache_seconds": run_vw(f"-d {txt} --cache_file {cache} -b {bits} --loss_function logistic --passes 1 -k")}
     os.remove(txt)
     common = f"--cache_file {cache} -b {bits} --loss_function logistic"
@@ -104,9 +104,8 @@ def vw_plain_runs(train_dir: str, test_dir: str, bits: int, work: str, l2_sum: f
         "bfgs_l2": f"{common} -i {work}/one_pass.model --predict_only_model --bfgs --passes 20 --l2 {l2_sum} "
                    f"--holdout_off -f {work}/bfgs_l2.model",
     }
-    y = _labels(test_dir)
     if y.shape[0] != read_manifest(test_dir)["rows"]:
-        raise RuntimeError(f"{test_dir}: {y.shape[0]} labels read, the manifest says {read_manifest(test_dir)['rows']}")
+        raise RuntimeError(f"{test_dir}: {y.shape[0]} rows read, the manifest says {read_manifest(test_dir)['rows']}")
     for name, args in runs.items():
         secs = run_vw(args)
         run_vw(f"-d {test_txt} -t -i {work}/{name}.model --predict_only_model -p {work}/{name}.preds --link logistic")
@@ -114,18 +113,6 @@ def vw_plain_runs(train_dir: str, test_dir: str, bits: int, work: str, l2_sum: f
         os.remove(f"{work}/{name}.preds")
     out["best"] = min(runs, key=lambda k: out[k]["test_logloss"])
     return out
-
-
-def _labels(dataset_dir: str) -> np.ndarray:
-    """The dataset's labels in read order, float64."""
-    from terascale.pipeline.dataset import plan_shards, read_csr, read_manifest
-
-    m = read_manifest(dataset_dir)
-    n_features = 1 << int(m["spec"]["bits"])
-    return np.concatenate([read_csr([p], n_features).labels.astype(np.float64)
-                           for p in plan_shards(dataset_dir, 1, m)[0]])
-
-
 def run_vw(args: str) -> float:
     """Run VW's driver with ``args``; returns the wall seconds."""
     import vowpalwabbit
