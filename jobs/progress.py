@@ -10,18 +10,27 @@ pass 1), so batch logs under spark-submit or Airflow stay readable.
 **The ETA** is for the pass budget (``train.passes``): tolerance or early stopping can end
 training sooner, so it is an upper bound and shown as such (``ETA ≤``). Its pass time leaves
 the start-up out (Spark's task launch, reading the shard): during pass 1 it is the row rate
-between the first heartbeat that counted rows and now; after a pass, the last pass's own
-seconds as rank 0 measured them (``pass_s``).
+between the first heartbeat that counted rows and now; after that, the *steady* pass time
+(``steady_pass_s``, rank 0's median over the passes of the last pass's phase that are not the
+first of that phase in their step: a step's first L-BFGS pass takes two evaluations and its
+curvature pairs, 2.5-4.6x a later pass on the scale curve), else the last pass's own seconds.
+A solver whose passes change kind (``hybrid``: online passes, then L-BFGS) shows no ETA until
+it has a steady pass of its last kind: an L-BFGS pass cost 0.12x (1M rows) to 0.37x (100M) an
+online pass on the scale curve, so pass 1's time foretells nothing of the rest (it put the ETA
+at 3.1x the real time at 1M rows, 1.6x at 100M).
 
 **A regularization path** (``train.l2=auto``) has a budget per step and a number of steps it
 rarely runs to the end, so a bound would be n times the run's real length; its line names the
-step (``λ step k/n``) and its ETA (``ETA ≈``, "the path, estimated") is an estimate of the
-passes left (:meth:`Snapshot.path_passes_left`): the rest of the current step (step 0, the
-cold one: its budget, which it mostly uses, 16–20 of 20 on the scale curve; a warm-started step:
-the mean passes of the warm steps done, else ``WARM_STEP_PASSES``), then the steps the path's
-stopping rule will still run if the best step so far stays the best (``PATIENCE`` after it), each
-as a warm step. Rank 0 writes the steps done (passes, held-out loss) and whether the current
-step is over into the progress file.
+step (``λ step k/n``) and its ETA (``ETA ≈``, "the path, estimated") is an estimate, in
+seconds (:meth:`Snapshot.path_seconds_left`): the rest of the current step (step 0, the cold
+one: its budget, which it mostly uses, 16-20 of 20 on the scale curve, at the steady pass time;
+a warm-started step: the mean seconds of the warm steps done, else ``WARM_STEP_COST`` steady
+passes, less its time so far), then the steps the path's stopping rule will still run if the
+best step so far stays the best (``PATIENCE`` after it), each as a warm step. A warm step's
+passes are fewer but dearer than step 0's (7-11 passes costing 9.6-15.7 of step 0's on the
+scale curve, 1M-10M rows: its first pass costs 2.5-4.6). Rank 0 writes the steps done (passes,
+seconds, held-out loss) and whether the current step is over into the progress file; the bar's
+fraction counts passes (:meth:`Snapshot.path_passes_left`).
 """
 
 from __future__ import annotations
@@ -42,6 +51,30 @@ log = logging.getLogger("terascale.train")
 FILE = "_progress.json"
 #: passes of a warm-started path step before any has run (the scale curve, 1M-100M rows: 5-11)
 WARM_STEP_PASSES = 7
+#: ... and its seconds in steady passes of step 0 (the scale curve, 1M-10M rows: 9.6-15.7)
+WARM_STEP_COST = 12.0
+
+
+def steady_pass_s(history: list[dict]) -> float | None:
+    """The median seconds of the passes of the last pass's phase that are not the first pass of
+    that phase in their step (a path's step, else the run); None when there is none yet."""
+    if not history:
+        return None
+    phase, seen, times, before = history[-1].get("phase"), set(), [], 0.0
+    for e in history:
+        t = e.get("elapsed_s")
+        if t is None:
+            return None
+        key = (e.get("path_step"), e.get("phase"))
+        if e.get("phase") == phase and key in seen:
+            times.append(t - before)
+        seen.add(key)
+        before = t
+    if not times:
+        return None
+    times.sort()
+    mid = len(times) // 2
+    return times[mid] if len(times) % 2 else 0.5 * (times[mid - 1] + times[mid])
 
 
 def write_pass(directory: str, state: dict, tag: str = "") -> None:
@@ -59,11 +92,14 @@ def write_pass(directory: str, state: dict, tag: str = "") -> None:
         "elapsed_s": last.get("elapsed_s"),
         # the last pass's own seconds (rank 0's clock): the ETA's pass time, start-up left out
         "pass_s": last["elapsed_s"] - before if last.get("elapsed_s") is not None and before is not None else None,
+        "phase": last.get("phase"),
+        "steady_pass_s": steady_pass_s(history),
+        "step_elapsed_s": last.get("step_elapsed_s"),  # a path: the seconds of the current step so far
         "path_step": last.get("path_step"),  # a regularization path: the step, its pass, the steps
         "step_pass": last.get("step_pass"),
         "path_steps": len(state["path_values"]) if state.get("path_values") else None,
         # a path: the steps done (their passes and held-out loss), and whether this pass ended its step
-        "path_records": [{"passes": r.get("passes"), "holdout_loss": r.get("holdout_loss")}
+        "path_records": [{"passes": r.get("passes"), "seconds": r.get("seconds"), "holdout_loss": r.get("holdout_loss")}
                          for r in state.get("path_records") or []],
         "step_over": state.get("path_step_stop") is not None,
         "written": time.time(),
@@ -97,6 +133,11 @@ class Snapshot:
     path_steps: int | None = None
     path_records: list[dict] | None = None  # a path: the steps done before the current one
     step_over: bool = False  # a path: the last completed pass ended its step
+    phase: str | None = None  # the last completed pass's phase (solvers.catalogue)
+    steady_pass_s: float | None = None  # see steady_pass_s()
+    step_elapsed_s: float | None = None  # a path: the current step's seconds so far
+    #: a solver with several phases: its first (whose passes' time says nothing of the rest)
+    first_phase: str | None = None
     #: pass 1's first heartbeat that counted rows: (elapsed_s, rows_done) then, the rate's start
     rate_start: tuple[float, int] | None = None
 
@@ -134,18 +175,42 @@ class Snapshot:
             this = max(self.step_passes - sp, 0)
         else:
             this = max(per_warm - sp, 1.0)  # at least this pass's successor: the step is not over
-        best = choose(done) if done else 0
-        total = min(best + PATIENCE + 1, self.path_steps or best + PATIENCE + 1)
-        return this + max(total - (k + 1), 0) * per_warm
+        return this + self._steps_after(done, k) * per_warm
 
     def _path(self) -> bool:
         return bool(self.step_passes)
 
+    def _steps_after(self, done: list[dict], k: int) -> int:
+        """Steps the stopping rule still runs after step ``k`` if the best of ``done`` stays the best."""
+        best = choose(done) if done else 0
+        total = min(best + PATIENCE + 1, self.path_steps or best + PATIENCE + 1)
+        return max(total - (k + 1), 0)
+
+    def path_seconds_left(self, steady: float) -> float:
+        """A path's seconds still to run, estimated (module docstring); ``steady``: the steady
+        pass time."""
+        done = list(self.path_records or [])
+        k, sp = self.path_step or 0, self.step_pass or 0
+        warm = [float(r["seconds"]) for r in done[1:] if r.get("seconds")]
+        per_warm = sum(warm) / len(warm) if warm else WARM_STEP_COST * steady
+        if self.step_over:  # the step ended with this pass: it is one of the steps done
+            done.append({"passes": sp, "holdout_loss": self.holdout_loss})
+            k, this = k + 1, per_warm  # the next step, not begun
+        elif k == 0:
+            this = max(self.step_passes - sp, 0) * steady
+        else:  # at least this pass's successor: the step is not over
+            this = max(per_warm - (self.step_elapsed_s or 0.0), steady)
+        return this + self._steps_after(done, k) * per_warm
+
     def eta_s(self) -> float | None:
+        steady = self.steady_pass_s
+        if self.first_phase is not None and (self.done_pass == 0 or self.phase == self.first_phase or steady is None):
+            return None  # no steady pass of the kind that follows has been timed yet
         if self.done_pass >= 1:
-            per_pass = self.pass_s if self.pass_s else (self.elapsed_s / self.done_pass if self.elapsed_s > 0 else None)
-            left = self.path_passes_left() if self._path() else self._passes_left()
-            return None if per_pass is None else per_pass * left
+            per_pass = steady or self.pass_s or (self.elapsed_s / self.done_pass if self.elapsed_s > 0 else None)
+            if per_pass is None:
+                return None
+            return self.path_seconds_left(per_pass) if self._path() else per_pass * self._passes_left()
         rate = self._pass1_rate()
         if rate and self.rows:  # pass 1: the rest of it, then the budget's (or the path's) other passes
             others = (self.path_passes_left() - 1) if self._path() else (self.passes - 1)
@@ -197,14 +262,15 @@ class ProgressMonitor:
 
     def __init__(self, checkpoint_dir: str, passes: int, rows: int, stream: TextIO | None = None,
                  interval_s: float = 1.0, log_every_s: float = 30.0, tty: bool | None = None,
-                 step_passes: int = 0) -> None:
+                 step_passes: int = 0, phases: tuple[str, ...] = ()) -> None:
         """``passes``: the run's pass budget; ``step_passes``: a regularization path's budget
-        per step (0: the run is not a path)."""
+        per step (0: the run is not a path); ``phases``: the solver's (``SolverSpec.phases``)."""
         self.dir = checkpoint_dir
         self.stream = stream if stream is not None else sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self.interval_s, self.log_every_s = interval_s, log_every_s
-        self.snap = Snapshot(passes=max(int(passes), 1), rows=int(rows), step_passes=int(step_passes))
+        self.snap = Snapshot(passes=max(int(passes), 1), rows=int(rows), step_passes=int(step_passes),
+                             first_phase=phases[0] if len(phases) > 1 else None)
         self._server = None
         self._t0 = time.monotonic()
         self._stop = threading.Event()
@@ -242,6 +308,7 @@ class ProgressMonitor:
             s.pass_s, s.path_step = rec.get("pass_s"), rec.get("path_step")
             s.step_pass, s.path_steps = rec.get("step_pass"), rec.get("path_steps")
             s.path_records, s.step_over = rec.get("path_records"), bool(rec.get("step_over"))
+            s.phase, s.steady_pass_s, s.step_elapsed_s = rec.get("phase"), rec.get("steady_pass_s"), rec.get("step_elapsed_s")
         s.elapsed_s = time.monotonic() - self._t0
         server = self._server
         if server is not None and s.done_pass == 0:

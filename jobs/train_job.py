@@ -245,7 +245,8 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str, tracking: dict 
     train_rows = manifest["rows"] - (round(manifest["rows"] / period) if period else 0)
     try:
         with run_ckpt, ProgressMonitor(run_ckpt.dir, path_passes(params), train_rows, tty=_progress_tty(cfg),
-                                             step_passes=params.passes if auto_penalty(params) else 0) as monitor:
+                                             step_passes=params.passes if auto_penalty(params) else 0,
+                                             phases=solver_spec(params.solver).phases) as monitor:
             res = run_barrier(spark, t.workers, t.spares, lambda ctx: run_train_task(ctx, task),
                               net=NetConf.from_conf(cfg.allreduce), max_attempts=t.max_attempts, task_cpus=t.threads,
                               server_host=cfg.allreduce.host, job_name="terascale train", summarize_error=spark_error_summary,

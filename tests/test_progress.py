@@ -12,7 +12,14 @@ import pytest
 from terascale.allreduce.client import ServerSession
 from terascale.allreduce.protocol import new_key
 from terascale.allreduce.server import TreeServer
-from terascale.jobs.progress import ProgressMonitor, Snapshot, bar, read_pass, write_pass
+from terascale.jobs.progress import (
+    ProgressMonitor,
+    Snapshot,
+    bar,
+    read_pass,
+    steady_pass_s,
+    write_pass,
+)
 
 
 def _state(pass_no: int, objective: float, holdout: float | None = None) -> dict:
@@ -51,32 +58,87 @@ def test_snapshot_eta_and_text():
 
 
 def test_a_paths_eta_estimates_the_passes_its_stopping_rule_will_run():
-    # l2=auto, 8 steps of 20 passes; step 0 (cold) runs to its budget, warm steps as those done
+    # l2=auto, 8 steps of 20 passes; step 0 (cold) runs to its budget, then warm steps
     s = Snapshot(passes=160, rows=1000, step_passes=20, done_pass=2, path_step=0, step_pass=2,
                  path_steps=8, pass_s=2.0, elapsed_s=50.0)
-    # the rest of step 0 (18), then PATIENCE = 2 steps after it (the best so far) of 7 passes
-    assert s.path_passes_left() == pytest.approx(18 + 2 * 7) and s.eta_s() == pytest.approx(64.0)
+    # passes (the bar): the rest of step 0 (18), then PATIENCE = 2 steps after it (the best so far) of 7
+    assert s.path_passes_left() == pytest.approx(18 + 2 * 7)
     assert s.fraction() == pytest.approx(2 / (2 + 32))
+    # seconds (the ETA): 18 passes of 2 s, then 2 warm steps of WARM_STEP_COST = 12 passes' time
+    assert s.path_seconds_left(2.0) == pytest.approx(36 + 2 * 24) and s.eta_s() == pytest.approx(84.0)
     assert s.text() == ("λ step 1/8, pass 2/20 done (2 in all), rows 1,000/pass, elapsed 0:50, "
-                        "ETA ≈ 1:04 (the path, estimated)")
+                        "ETA ≈ 1:24 (the path, estimated)")
+    s.steady_pass_s = 1.5  # a steady pass time known: it, not the last pass's
+    assert s.eta_s() == pytest.approx(18 * 1.5 + 2 * 18.0)
     # step 0 over with its 20th pass: two more steps (the patience after step 0, the best so far)
     s.done_pass, s.step_pass, s.step_over, s.holdout_loss = 20, 20, True, 0.48
-    assert s.path_passes_left() == pytest.approx(2 * 7)
-    # inside step 2 (index 1 won: 0.47 < 0.48; its 5 passes the warm mean): the rest of it, 2 more
+    assert s.path_passes_left() == pytest.approx(2 * 7) and s.eta_s() == pytest.approx(2 * 18.0)
+    # inside step 2 (index 1 won: 0.47 < 0.48; it took 5 passes, 9 s): the rest of it, 1 more
     s = Snapshot(passes=160, rows=1000, step_passes=20, done_pass=28, path_step=2, step_pass=3, path_steps=8,
-                 pass_s=2.0, path_records=[{"passes": 20, "holdout_loss": 0.48}, {"passes": 5, "holdout_loss": 0.47}])
+                 pass_s=2.0, steady_pass_s=1.0, step_elapsed_s=4.0,
+                 path_records=[{"passes": 20, "seconds": 20.0, "holdout_loss": 0.48},
+                               {"passes": 5, "seconds": 9.0, "holdout_loss": 0.47}])
     assert s.path_passes_left() == pytest.approx((5 - 3) + 1 * 5)
-    s.step_pass = 9  # past the warm mean and not over: at least one more pass
-    assert s.path_passes_left() == pytest.approx(1 + 5)
+    assert s.eta_s() == pytest.approx((9.0 - 4.0) + 1 * 9.0)
+    s.step_pass, s.step_elapsed_s = 9, 12.0  # past the warm mean and not over: at least one more pass
+    assert s.path_passes_left() == pytest.approx(1 + 5) and s.eta_s() == pytest.approx(1.0 + 9.0)
     # the patience spent after the best (step 0): the current step is the path's last
-    s.path_records = [{"passes": 20, "holdout_loss": 0.47}, {"passes": 5, "holdout_loss": 0.48}]
-    s.step_pass = 2
-    assert s.path_passes_left() == pytest.approx(5 - 2)
+    s.path_records = [{"passes": 20, "seconds": 20.0, "holdout_loss": 0.47},
+                      {"passes": 5, "seconds": 9.0, "holdout_loss": 0.48}]
+    s.step_pass, s.step_elapsed_s = 2, 3.0
+    assert s.path_passes_left() == pytest.approx(5 - 2) and s.eta_s() == pytest.approx(9.0 - 3.0)
     first = Snapshot(passes=160, rows=1000, step_passes=20, elapsed_s=10.0)
     first.note_rows(100)
     first.elapsed_s = 11.0
     first.note_rows(200)  # 100 rows/s: 8 s to the end of pass 1, then 19 + 2 * 7 more passes
     assert first.eta_s() == pytest.approx(8.0 + 330.0) and first.text().startswith("pass 1/20,")
+
+
+def test_the_steady_pass_time_leaves_out_each_steps_first_pass_of_a_phase():
+    def hist(*entries):  # (phase, step, seconds of the pass)
+        out, t = [], 0.0
+        for i, (phase, step, secs) in enumerate(entries):
+            t += secs
+            out.append({"pass": i + 1, "phase": phase, "path_step": step, "elapsed_s": t})
+        return out
+
+    assert steady_pass_s([]) is None
+    assert steady_pass_s(hist(("online", 0, 9.0))) is None
+    assert steady_pass_s(hist(("online", 0, 9.0), ("lbfgs", 0, 3.0))) is None  # the first L-BFGS pass only
+    assert steady_pass_s(hist(("online", 0, 9.0), ("lbfgs", 0, 3.0), ("lbfgs", 0, 1.0))) == pytest.approx(1.0)
+    h = hist(("online", 0, 9.0), ("lbfgs", 0, 3.0), ("lbfgs", 0, 1.0), ("lbfgs", 0, 2.0),
+             ("lbfgs", 1, 4.0), ("lbfgs", 1, 1.5))  # step 1's first pass left out too
+    assert steady_pass_s(h) == pytest.approx(1.5)
+    assert steady_pass_s(hist(("online", None, 5.0), ("online", None, 4.0), ("online", None, 2.0))) == pytest.approx(3.0)
+
+
+def test_a_solver_whose_passes_change_kind_shows_no_eta_until_a_steady_pass_of_the_later_kind(tmp_path):
+    # hybrid: an online pass's time says nothing of the L-BFGS passes after it
+    d = str(tmp_path / "ckpt")
+    mon = ProgressMonitor(d, passes=10, rows=1000, stream=io.StringIO(), tty=False, phases=("online", "lbfgs"))
+    s = mon.snap
+    s.elapsed_s = 10.0
+    s.note_rows(100)
+    s.elapsed_s = 11.0
+    s.note_rows(200)  # pass 1 running: a rate, but of an online pass
+    assert s.eta_s() is None and "ETA" not in s.text()
+    phases = ["online", "lbfgs", "lbfgs"]
+    for n, seen in ((1, None), (2, None), (3, 7 * 0.25)):
+        state = _state(n, 0.5)
+        for e, phase in zip(state["history"], phases[:n], strict=True):
+            e["phase"] = phase
+        if n == 3:
+            state["history"][2]["elapsed_s"] = 2.25  # the second L-BFGS pass: 0.25 s, its first 1 s
+        write_pass(d, state)
+        assert read_pass(d)["phase"] == phases[n - 1]
+        eta = mon.poll().eta_s()
+        assert eta == (None if seen is None else pytest.approx(seen)), n
+    # one phase (online): pass 1's own time foretells the rest
+    state = _state(1, 0.3)
+    state["history"][0]["phase"] = "online"
+    write_pass(d, state)
+    one = ProgressMonitor(d, passes=10, rows=1000, stream=io.StringIO(), tty=False, phases=("online",))
+    assert one.poll().eta_s() == pytest.approx(9 * 1.0)
 
 
 def test_progress_file_roundtrip(tmp_path):

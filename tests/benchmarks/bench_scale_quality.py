@@ -15,7 +15,8 @@ then BFGS with and without ``--l2``). Targets: auto's test logloss within 0.001 
 point's and at most the best VW run's + 0.001. Written to bench-results/scale_quality.json, one entry per N (a run at
 another N adds its entry; a rerun at the same N replaces it).
 
-Models go to ``<workdir>/quality/`` and are removed after the run unless ``--keep``.
+Models go to ``<workdir>/quality/`` and are removed after the run unless ``--keep``. ``--reuse-auto`` takes auto from the scale run's own model (trained with the same
+settings; it is scored again here) instead of training it a second time.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="the fixed values as λN (λ times the dataset's rows); none: auto (and VW) only")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--keep", action="store_true", help="keep the models in <workdir>/quality")
+    p.add_argument("--reuse-auto", action="store_true",
+                   help="take auto's model and test metrics from the scale run itself (<workdir>/model, metrics.json: "
+                        "trained with the same settings) instead of training it again")
     p.add_argument("--vw", choices=("auto", "on", "off"), default="auto",
                    help="also Vowpal Wabbit's plain runs (auto: at N <= 30M, as the issue asks)")
     return p.parse_args(argv)
@@ -64,6 +68,23 @@ def _fit(a: argparse.Namespace, name: str, l2: str) -> dict:
     model = work / f"model-{name}"
     sets = [f"spark.master={a.master}", *TRAIN_SETS, f"train.l2={l2}"]
     meta, wall = train_cli(str(a.workdir / "data" / "train"), str(model), sets, name)
+    return _record(a, name, meta, wall, model)
+
+
+def _reused(a: argparse.Namespace) -> dict:
+    """auto from the scale run's own model and test metrics (``--reuse-auto``)."""
+    run = json.loads((RESULTS / "scale.json").read_text())["runs"]
+    entry = next((r for r in run.values() if Path(r.get("workdir", "")) == a.workdir.resolve()), None)
+    meta = json.loads((a.workdir / "model" / "metadata.json").read_text())
+    if (meta["config"]["train"]["l2"] != "auto" or entry is None or entry.get("train_sets") != list(TRAIN_SETS)
+            or entry.get("sets")):
+        raise SystemExit(f"{a.workdir}: its model is not a scale run's l2=auto model with {TRAIN_SETS}; drop --reuse-auto")
+    return _record(a, "auto", meta, entry["stages"]["train"]["wall_s"], a.workdir / "model")
+
+
+def _record(a: argparse.Namespace, name: str, meta: dict, wall: float, model: Path) -> dict:
+    work = a.workdir / "quality"
+    work.mkdir(parents=True, exist_ok=True)
     reg = meta.get("regularization") or {}
     rec = {"name": name, "l2": float(reg.get("value", meta["config"]["train"]["l2"])), "wall_s": wall,
            "train_seconds": meta.get("train_seconds"), "passes": len(meta.get("history", [])),
@@ -83,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
     manifest = json.loads((a.workdir / "data" / "train" / "_manifest.json").read_text())
     rows = int(manifest["rows"])
     started = time.time()
-    auto = _fit(a, "auto", "auto")
+    auto = _reused(a) if a.reuse_auto else _fit(a, "auto", "auto")
     grid = [_fit(a, f"{g:g}N", repr(g / rows)) for g in a.grid]
     best = min(grid, key=lambda r: r["logloss"]) if grid else {"l2": float("nan"), "logloss": float("nan")}
     vw = None

@@ -101,15 +101,19 @@ def _featurized(spark, raw, name):
     return out
 
 
-def _mllib(spark, train_dir, lam):
+def _mllib(spark, train_dir, lam, bits: int = BITS, files: list[str] | None = None):
+    """MLlib's LogisticRegression (20 iterations, regParam = lam, standardization off) on a featurized
+    dataset (its ``files``, else every part file): (fit seconds after ``cache().count()``, w, b)."""
     from pyspark.ml.classification import LogisticRegression
     from pyspark.ml.linalg import SparseVector, VectorUDT
     from pyspark.sql import functions as F
     from pyspark.sql.types import DoubleType, StructField, StructType
 
-    n = 1 << BITS
-    df = spark.read.parquet(*[str(p) for p in sorted(train_dir.glob("part-*.parquet"))])
-    to_vec = F.udf(lambda idx, val: SparseVector(n, idx, val if val is not None else [1.0] * len(idx)), VectorUDT())
+    n = 1 << bits
+    df = spark.read.parquet(*(files or [str(p) for p in sorted(train_dir.glob("part-*.parquet"))]))
+    # a plain Python UDF: Spark 4's Arrow-optimised ones cannot return a vector (UNSUPPORTED_DATATYPE UDT)
+    to_vec = F.udf(lambda idx, val: SparseVector(n, idx, val if val is not None else [1.0] * len(idx)), VectorUDT(),
+                   useArrow=False)
     data = df.select(F.col("label").cast("double").alias("label"), to_vec("indices", "values").alias("features"))
     data = spark.createDataFrame(data.rdd, StructType([StructField("label", DoubleType()), StructField("features", VectorUDT())]))
     data.cache().count()
@@ -121,13 +125,13 @@ def _mllib(spark, train_dir, lam):
     return secs, np.asarray(model.coefficients.toArray()), float(model.intercept)
 
 
-def _session(name: str):
+def _session(name: str, memory: str = "6g"):
     from pyspark.sql import SparkSession
 
     from terascale.jobs.session import EXECUTOR_ENV
 
     spark = (SparkSession.builder.master("local[2]").appName(name).config("spark.ui.enabled", "false")
-             .config("spark.driver.host", "127.0.0.1").config("spark.driver.memory", "6g")
+             .config("spark.driver.host", "127.0.0.1").config("spark.driver.memory", memory)
              .config(map=EXECUTOR_ENV).getOrCreate())  # the executor environment of terascale's jobs
     spark.sparkContext.setLogLevel("ERROR")
     return spark
