@@ -30,6 +30,7 @@ from pathlib import Path
 
 from tests.benchmarks.bench_scale import TRAIN_SETS
 from tests.benchmarks.common import RESULTS, ROOT, terascale_cli, train_cli
+from tests.benchmarks.scale_figures import eta_figures
 from tests.benchmarks.vw_io import vw_plain_runs
 
 EXPLICIT_ONLY = True  # minutes to hours: nine training runs at the curve's sizes
@@ -67,8 +68,13 @@ def _fit(a: argparse.Namespace, name: str, l2: str) -> dict:
     work = a.workdir / "quality"
     model = work / f"model-{name}"
     sets = [f"spark.master={a.master}", *TRAIN_SETS, f"train.l2={l2}"]
-    meta, wall = train_cli(str(a.workdir / "data" / "train"), str(model), sets, name)
-    return _record(a, name, meta, wall, model)
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / f"train-{name}.err"
+    meta, wall = train_cli(str(a.workdir / "data" / "train"), str(model), sets, name, log)
+    rec = _record(a, name, meta, wall, model)
+    if l2 == "auto":  # the progress line's ETA against the time it took, as the scale run records it
+        rec["eta"] = eta_figures(log.read_text(), float(meta["train_seconds"]))
+    return rec
 
 
 def _reused(a: argparse.Namespace) -> dict:

@@ -89,15 +89,18 @@ def terascale_cli() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "terascale.jobs.cli"]
 
 
-def train_cli(dataset_dir: str, model_dir: str, sets: list[str], what: str) -> tuple[dict, float]:
+def train_cli(dataset_dir: str, model_dir: str, sets: list[str], what: str, log: Path | None = None) -> tuple[dict, float]:
     """One ``terascale train --overwrite`` in a fresh application (the installed command beside
-    this interpreter): (the model's metadata.json, wall seconds); RuntimeError naming ``what``."""
+    this interpreter): (the model's metadata.json, wall seconds); RuntimeError naming ``what``.
+    ``log``: also write its stderr (the progress lines) there."""
     import subprocess
 
     t0 = time.perf_counter()
     r = subprocess.run(terascale_cli() + ["train", "--input", dataset_dir, "--model", model_dir, "--overwrite"]
                        + [a for s in sets for a in ("--set", s)], capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t0
+    if log is not None:
+        log.write_text(r.stderr)
     if r.returncode != 0:
         raise RuntimeError(f"terascale train ({what}) failed: {r.stderr[-3000:]}")
     return json.loads((Path(model_dir) / "metadata.json").read_text()), wall
