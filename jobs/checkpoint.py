@@ -30,7 +30,6 @@ Solvers with per-rank state (CoCoA's dual variables) keep rank ``r``'s checkpoin
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import re
@@ -47,6 +46,8 @@ log = logging.getLogger("terascale.train")
 FORMAT = "terascale-checkpoint"
 _NAME = re.compile(r"^pass-(\d{6})\.a(\d+)\.(npz|json)$")
 _FENCE = re.compile(r"^attempt-(\d{4,})\.fence$")
+
+_READ_CHUNK = 8 << 20  # bytes per read while hashing a checkpoint
 
 
 class CheckpointError(RuntimeError):
@@ -285,20 +286,32 @@ def quick_check(entry: Entry) -> None:
 
 
 def load(entry: Entry) -> dict:
-    """The verified state of ``entry`` (raises :class:`CorruptCheckpoint` naming the file)."""
+    """The verified state of ``entry`` (raises :class:`CorruptCheckpoint` naming the file).
+
+    The file is read twice: its bytes' SHA-256 first, streamed (nothing kept), then, once they
+    match the manifest, the arrays, each straight into its own buffer (zipfile checks each
+    member's CRC-32 as it goes). Reading the whole file into memory to hash it first held it
+    beside the arrays decoded from it: twice the state, on a rank about to rebuild its solver."""
     m = read_manifest(entry)
     fs, inner = fsutil.resolve(entry.npz)
+    want = m["npz"].get("bytes")
+    digest, size = hashlib.sha256(), 0
     try:
         with fs.open_input_stream(inner) as f:
-            blob = f.read()
+            while chunk := f.read(_READ_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
     except (OSError, FileNotFoundError) as e:
         raise CorruptCheckpoint(f"checkpoint {entry.npz}: unreadable ({e}; its manifest {entry.manifest} exists)") from None
-    if len(blob) != m["npz"].get("bytes") or hashlib.sha256(blob).hexdigest() != m["npz"].get("sha256"):
-        raise CorruptCheckpoint(f"checkpoint {entry.npz}: {len(blob)} bytes whose sha256 does not match its "
-                                f"manifest ({m['npz'].get('bytes')} bytes)")
+    if size != want or digest.hexdigest() != m["npz"].get("sha256"):
+        raise CorruptCheckpoint(f"checkpoint {entry.npz}: {size} bytes whose sha256 does not match its "
+                                f"manifest ({want} bytes)")
     state = dict(m["state"])
-    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
-        state.update({k: z[k] for k in z.files})
+    try:
+        with fs.open_input_file(inner) as f, np.load(f, allow_pickle=False) as z:
+            state.update({k: z[k] for k in z.files})
+    except (OSError, ValueError, zipfile.BadZipFile) as e:  # changed since it was hashed
+        raise CorruptCheckpoint(f"checkpoint {entry.npz}: unreadable after its sha256 matched ({e})") from None
     return state
 
 

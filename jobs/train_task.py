@@ -31,7 +31,7 @@ from terascale.solvers.api import train
 from terascale.solvers.catalogue import solver_spec
 from terascale.solvers.params import SolverParams
 from terascale.solvers.recalibration import recalibrate
-from terascale.solvers.state import check_resume
+from terascale.solvers.state import Handover, check_resume
 from terascale.solvers.warmup import start_warm_up
 
 PROGRESS_EVERY_S = 2.0
@@ -327,13 +327,13 @@ def _resume(spec: TaskSpec, rank: int, attempt: int):
     if found is None:
         return None
     entry, state, held = found
-    return entry, _fits(spec, entry, state), held
+    return entry, Handover(_fits(spec, entry, state)), held  # the rank's own: the solver takes its arrays
 
 
 def _load_pass(spec: TaskSpec, rank: int, attempt: int, pass_no: int) -> dict:
     """The verified state of pass ``pass_no`` that the ranks agreed on (CheckpointError if gone)."""
     entry = checkpoint.find(_where(spec, rank), attempt, pass_no, root=spec.checkpoint_dir)
     try:
-        return _fits(spec, entry, checkpoint.load(entry))
+        return Handover(_fits(spec, entry, checkpoint.load(entry)))
     except checkpoint.CorruptCheckpoint as e:
         raise checkpoint.CheckpointError(f"the agreed resume pass {pass_no} is unusable on rank {rank}: {e}") from None

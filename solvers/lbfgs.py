@@ -65,6 +65,7 @@ from terascale.solvers.preconditioner import (
     jacobi_inverse,
 )
 from terascale.solvers.run import TrainResult, TrainRun
+from terascale.solvers.state import own, take
 
 
 @dataclass
@@ -149,9 +150,10 @@ class LBFGSPhase:
                 run.inputs.agree(run.comm.inner)
             raise problem from None
         objective = run.objective.restricted(table)
-        theta = space.compact(np.append(np.asarray(saved["weights"], dtype=np.float64), saved["intercept"]))
+        # the full-length weights (8 B x 2^bits) leave the state as soon as they are compacted
+        theta = space.compact(np.append(np.asarray(take(saved, "weights"), dtype=np.float64), saved["intercept"]))
         return cls(run, space, objective, theta, float(saved["lbfgs_f"]),
-                   np.array(saved["lbfgs_grad"], dtype=np.float64),
+                   own(saved, "lbfgs_grad", np.float64),
                    from_state(saved), LBFGSMemory.from_state(saved),
                    float(saved["lbfgs_grad0_norm"]))
 

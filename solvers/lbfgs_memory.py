@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from terascale.solvers.kernels.vector import axpy, dot, pair_products, store_pair
+from terascale.solvers.state import own
 
 _CURVATURE_EPS = 1e-12
 
@@ -91,11 +92,10 @@ class LBFGSMemory:
 
     @classmethod
     def from_state(cls, saved: dict) -> LBFGSMemory:
-        S = np.asarray(saved["lbfgs_S"], dtype=np.float32)
-        mem = cls(S.shape[0], S.shape[1])
-        mem.S[:] = S
-        mem.Y[:] = saved["lbfgs_Y"]
-        mem.rho[:] = saved["lbfgs_rho"]
+        S = own(saved, "lbfgs_S", np.float32)
+        mem = cls(0, 0)
+        mem.m, mem.S, mem.Y = S.shape[0], S, own(saved, "lbfgs_Y", np.float32)
+        mem.rho = own(saved, "lbfgs_rho", np.float64)
         mem.count = int(saved["lbfgs_count"])
         mem.newest = int(saved["lbfgs_newest"])
         return mem

@@ -67,6 +67,7 @@ from terascale.solvers.kernels.online import (
     zero_model_loss_sum,
 )
 from terascale.solvers.run import TrainResult, TrainRun
+from terascale.solvers.state import take
 from terascale.solvers.threads import split_positions
 
 EXPLODING_FACTOR = 1e6
@@ -107,9 +108,9 @@ class OnlineLearner:
 
     def restore(self, saved: dict) -> np.ndarray:
         """Load an online checkpoint; recompute this rank's normalizers from its data."""
-        self.table[:-1, W] = saved["weights"]
+        self.table[:-1, W] = take(saved, "weights")
         self.table[-1, W] = saved["intercept"]
-        self.table[:, G] = saved["G"]
+        self.table[:, G] = take(saved, "G")
         self.totals[:] = (saved["online_t"], saved["online_N"])
         if saved["pass"] > 0:
             shard = self.run.inputs.train

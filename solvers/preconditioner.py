@@ -30,6 +30,7 @@ from terascale.solvers.data import NO_GROUP
 from terascale.solvers.kernels import coarse as C
 from terascale.solvers.kernels.sampling import sample_stride
 from terascale.solvers.kernels.vector import weighted_dot
+from terascale.solvers.state import own
 from terascale.solvers.threads import SERIAL, RowThreads
 
 _DIAG_FLOOR = 1e-12
@@ -100,7 +101,7 @@ class TwoLevel(Jacobi):
 
 
 def from_state(saved: dict) -> Jacobi:
-    inv_diag = np.array(saved["lbfgs_inv_diag"], dtype=np.float64)
+    inv_diag = own(saved, "lbfgs_inv_diag", np.float64)
     if "lbfgs_coarse_E" in saved:
         return TwoLevel(inv_diag, np.asarray(saved["lbfgs_coarse_group"]), np.asarray(saved["lbfgs_coarse_E"]))
     return Jacobi(inv_diag)

@@ -92,6 +92,7 @@ import numpy as np
 
 from terascale.solvers.errors import InvalidInputError
 from terascale.solvers.run import TrainResult
+from terascale.solvers.state import take
 
 PATIENCE = 2
 #: the solver of the steps after the first (warm-started), by the run's solver
@@ -292,13 +293,15 @@ class _Path:
         if [float(v) for v in saved["path_values"]] != values:
             raise ValueError(f"resume state: path_values = {saved['path_values']} differ from this run's {values}")
         step = int(saved["path_step"])
-        best = saved.get("path_best_weights")
+        best = take(saved, "path_best_weights") if "path_best_weights" in saved else None
         path = cls(penalty, values, step, [dict(r) for r in saved["path_records"]],
                    [dict(e) for e in saved["history"] if e["path_step"] < step], int(saved["path_pass_offset"]),
                    float(saved["path_time_offset"]),
                    None if best is None else np.asarray(best, dtype=np.float32), float(saved["path_best_intercept"]))
-        inner = {k: v for k, v in saved.items() if not k.startswith("path_")}
-        inner["history"] = [_local(e, penalty) for e in saved["history"] if e["path_step"] == step]
+        history = [_local(e, penalty) for e in saved["history"] if e["path_step"] == step]
+        # a handed-over state hands its arrays on to the step's (the outer dict keeps none)
+        inner = type(saved)((k, take(saved, k)) for k in list(saved) if not k.startswith("path_"))
+        inner["history"] = history
         inner["pass"] = len(inner["history"])
         inner["elapsed_s"] = inner["history"][-1]["elapsed_s"] if inner["history"] else 0.0
         inner["stop_reason"] = saved["path_step_stop"]

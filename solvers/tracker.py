@@ -33,6 +33,7 @@ from terascale.allreduce.communicator import Communicator
 from terascale.solvers.errors import DivergenceError
 from terascale.solvers.objective import shard_sums
 from terascale.solvers.setup import Inputs
+from terascale.solvers.state import own
 from terascale.solvers.threads import SERIAL, RowThreads
 
 
@@ -56,7 +57,7 @@ class PassTracker:
         self.best_pass = 0
         self.stale = 0
         if resume and resume.get("best_theta") is not None:
-            self.best_theta = np.array(resume["best_theta"], dtype=np.float64)
+            self.best_theta = own(resume, "best_theta", np.float64)
             self.best_loss = float(resume["best_holdout_loss"])
             self.best_objective = _json_float(resume["best_objective"])
             self.best_pass = int(resume["best_pass"])

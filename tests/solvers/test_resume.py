@@ -137,3 +137,30 @@ def test_states_are_live_views_and_copy_state_keeps_them():
     assert kept[0]["weights"].tobytes() != kept[-1]["weights"].tobytes()
     assert kept[0]["G"].tobytes() != kept[-1]["G"].tobytes()
     assert raw[0]["G"].tobytes() == raw[-1]["G"].tobytes()  # views of the final live state
+
+
+def test_a_handed_over_state_is_taken_not_copied_and_resumes_to_the_same_bits():
+    """A job hands the solver the state it loaded (``Handover``): the arrays it restores from
+    leave the dict (a resumed rank holds one copy of its state, not two); the bits are those of
+    the uninterrupted run, from the online phase, from L-BFGS and inside a path's later step."""
+    from terascale.solvers.state import Handover
+
+    data = planted_problem(n=400, d=30, seed=51)
+    params = CASES["hybrid"]
+    states = []
+    full = train_local(data, params, on_pass_end=keep(states))
+    for state in (states[0], states[4]):  # online (pass 1 of 2), then L-BFGS
+        given = Handover(_round_trip(state))
+        _same(train_local(data, params, resume=given), full)
+        big = {"online": ("weights", "G"), "lbfgs": ("weights", "lbfgs_S", "lbfgs_Y", "lbfgs_grad", "lbfgs_inv_diag")}
+        assert not set(big[state["phase"]]) & set(given), state["phase"]
+    auto = SolverParams(solver="lbfgs", l2="auto", passes=6)
+    train_rows, hold = split_rows(data, 2)
+    states = []
+    full = train_local(train_rows, auto, holdout=hold, path_rows=400, on_pass_end=keep(states))
+    mid = next(s for s in states if s["path_step"] == 1 and s["path_step_stop"] is None)
+    given = Handover(_round_trip(mid))
+    resumed = train_local(train_rows, auto, holdout=hold, path_rows=400, resume=given)
+    assert resumed.weights.tobytes() == full.weights.tobytes() and resumed.intercept == full.intercept
+    assert resumed.objective == full.objective and resumed.passes == full.passes
+    assert not {"weights", "lbfgs_S", "lbfgs_Y", "path_best_weights"} & set(given)
