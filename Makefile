@@ -10,7 +10,7 @@ export PYTHONHASHSEED := 0
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test test-cluster test-multihost bench bench-scale bench-scale-curve dist lint screenshot docs clean device-wheels device-check
+.PHONY: demo test test-cluster test-multihost bench bench-scale bench-scale-curve bench-scale-peers dist lint screenshot docs clean device-wheels device-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ CURVE ?= 1000000 3000000 10000000 30000000 100000000
 bench-scale-curve: $(STAMP)
 	for n in $(CURVE); do $(PY) -m tests.benchmarks scale --rows $$n || exit 1; done
 	$(PY) -m tests.benchmarks.scale_plot --table
+
+# peers at scale (issue 32 item 6, tests/benchmarks/bench_scale_peers.py): Spark MLlib at 2M and
+# 10M rows and Vowpal Wabbit at 30M, side by side in one run: bench-results/scale_peers.json
+bench-scale-peers: $(BENCH_STAMP)
+	$(PY) -m tests.benchmarks scale_peers
 
 # the documentation site (docs/mkdocs.yml: the pages in docs/pages, the reference generated from
 # the code by docs/reference_hook.py) into site/; --strict: a warning or a broken link fails it
