@@ -12,8 +12,9 @@ training sooner, so it is an upper bound and shown as such (``ETA ≤``). Its pa
 the start-up out (Spark's task launch, reading the shard): during pass 1 it is the row rate
 between the first heartbeat that counted rows and now; after that, the *steady* pass time
 (``steady_pass_s``, rank 0's median, the fastest while there are fewer than 3, over the passes
-of the last pass's phase that are not the first of that phase in their step: a step's first L-BFGS pass takes two evaluations and its
-curvature pairs, 2.5-4.6x a later pass on the scale curve), else the last pass's own seconds.
+of the last pass's phase that are not the first of that phase in their step: a step's first
+L-BFGS pass takes two evaluations and its curvature pairs, 2.5-4.6x a later pass on the scale
+curve), else the last pass's own seconds.
 A solver whose passes change kind (``hybrid``: online passes, then L-BFGS) shows no ETA until
 it has a steady pass of its last kind: an L-BFGS pass cost 0.12x (1M rows) to 0.37x (100M) an
 online pass on the scale curve, so pass 1's time foretells nothing of the rest (it put the ETA
