@@ -168,19 +168,10 @@ class Snapshot:
     def path_passes_left(self) -> float:
         """A path's passes still to run, estimated (module docstring): the current step's rest,
         then the steps its stopping rule runs after the best so far, as warm steps."""
-        done = list(self.path_records or [])
-        k = self.path_step or 0
-        sp = self.step_pass or 0
-        warm = [float(r["passes"]) for r in done[1:] if r.get("passes")]
+        warm = [float(r["passes"]) for r in (self.path_records or [])[1:] if r.get("passes")]
         per_warm = sum(warm) / len(warm) if warm else float(WARM_STEP_PASSES)
-        if self.step_over:  # the step ended with this pass: it is one of the steps done
-            done.append({"passes": sp, "holdout_loss": self.holdout_loss})
-            k, this = k + 1, per_warm  # the next step, not begun
-        elif k == 0:
-            this = max(self.step_passes - sp, 0)
-        else:
-            this = max(per_warm - sp, 1.0)  # at least this pass's successor: the step is not over
-        return this + self._steps_after(done, k) * per_warm
+        sp = self.step_pass or 0
+        return self._path_left(per_warm, max(self.step_passes - sp, 0), max(per_warm - sp, 1.0))
 
     def _path(self) -> bool:
         return bool(self.step_passes)
@@ -194,17 +185,24 @@ class Snapshot:
     def path_seconds_left(self, steady: float) -> float:
         """A path's seconds still to run, estimated (module docstring); ``steady``: the steady
         pass time."""
-        done = list(self.path_records or [])
-        k, sp = self.path_step or 0, self.step_pass or 0
-        warm = [float(r["seconds"]) for r in done[1:] if r.get("seconds")]
+        warm = [float(r["seconds"]) for r in (self.path_records or [])[1:] if r.get("seconds")]
         per_warm = sum(warm) / len(warm) if warm else WARM_STEP_COST * steady
+        sp = self.step_pass or 0
+        return self._path_left(per_warm, max(self.step_passes - sp, 0) * steady,
+                               max(per_warm - (self.step_elapsed_s or 0.0), steady))
+
+    def _path_left(self, per_warm: float, step0_rest: float, warm_rest: float) -> float:
+        """What is left of a path in one unit (passes or seconds): the current step's rest
+        (``step0_rest`` in step 0, ``warm_rest`` in a warm step, at least its next pass: the step
+        is not over), or, when this pass ended its step, a warm step for the next one; then the
+        steps the stopping rule runs after the best so far, ``per_warm`` each."""
+        done = list(self.path_records or [])
+        k = self.path_step or 0
         if self.step_over:  # the step ended with this pass: it is one of the steps done
-            done.append({"passes": sp, "holdout_loss": self.holdout_loss})
+            done.append({"passes": self.step_pass or 0, "holdout_loss": self.holdout_loss})
             k, this = k + 1, per_warm  # the next step, not begun
-        elif k == 0:
-            this = max(self.step_passes - sp, 0) * steady
-        else:  # at least this pass's successor: the step is not over
-            this = max(per_warm - (self.step_elapsed_s or 0.0), steady)
+        else:
+            this = step0_rest if k == 0 else warm_rest
         return this + self._steps_after(done, k) * per_warm
 
     def eta_s(self) -> float | None:

@@ -15,8 +15,8 @@ then BFGS with and without ``--l2``). Targets: auto's test logloss within 0.001 
 point's and at most the best VW run's + 0.001. Written to bench-results/scale_quality.json, one entry per N (a run at
 another N adds its entry; a rerun at the same N replaces it).
 
-Models go to ``<workdir>/quality/`` and are removed after the run unless ``--keep``. ``--reuse-auto`` takes auto from the scale run's own model (trained with the same
-settings; it is scored again here) instead of training it a second time.
+Models go to ``<workdir>/quality/`` and are removed after the run unless ``--keep``. auto's
+entry also holds its progress lines' ETA against the time it took (``eta``, as the scale run's).
 """
 
 from __future__ import annotations
@@ -47,9 +47,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="the fixed values as λN (λ times the dataset's rows); none: auto (and VW) only")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--keep", action="store_true", help="keep the models in <workdir>/quality")
-    p.add_argument("--reuse-auto", action="store_true",
-                   help="take auto's model and test metrics from the scale run itself (<workdir>/model, metrics.json: "
-                        "trained with the same settings) instead of training it again")
     p.add_argument("--vw", choices=("auto", "on", "off"), default="auto",
                    help="also Vowpal Wabbit's plain runs (auto: at N <= 30M, as the issue asks)")
     return p.parse_args(argv)
@@ -71,26 +68,6 @@ def _fit(a: argparse.Namespace, name: str, l2: str) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     log = work / f"train-{name}.err"
     meta, wall = train_cli(str(a.workdir / "data" / "train"), str(model), sets, name, log)
-    rec = _record(a, name, meta, wall, model)
-    if l2 == "auto":  # the progress line's ETA against the time it took, as the scale run records it
-        rec["eta"] = eta_figures(log.read_text(), float(meta["train_seconds"]))
-    return rec
-
-
-def _reused(a: argparse.Namespace) -> dict:
-    """auto from the scale run's own model and test metrics (``--reuse-auto``)."""
-    run = json.loads((RESULTS / "scale.json").read_text())["runs"]
-    entry = next((r for r in run.values() if Path(r.get("workdir", "")) == a.workdir.resolve()), None)
-    meta = json.loads((a.workdir / "model" / "metadata.json").read_text())
-    if (meta["config"]["train"]["l2"] != "auto" or entry is None or entry.get("train_sets") != list(TRAIN_SETS)
-            or entry.get("sets")):
-        raise SystemExit(f"{a.workdir}: its model is not a scale run's l2=auto model with {TRAIN_SETS}; drop --reuse-auto")
-    return _record(a, "auto", meta, entry["stages"]["train"]["wall_s"], a.workdir / "model")
-
-
-def _record(a: argparse.Namespace, name: str, meta: dict, wall: float, model: Path) -> dict:
-    work = a.workdir / "quality"
-    work.mkdir(parents=True, exist_ok=True)
     reg = meta.get("regularization") or {}
     rec = {"name": name, "l2": float(reg.get("value", meta["config"]["train"]["l2"])), "wall_s": wall,
            "train_seconds": meta.get("train_seconds"), "passes": len(meta.get("history", [])),
@@ -100,6 +77,8 @@ def _record(a: argparse.Namespace, name: str, meta: dict, wall: float, model: Pa
         rec["path"] = {"chosen_step": reg.get("chosen_step"), "stop": reg.get("stop"),
                        "steps": [{k: s.get(k) for k in ("l2", "holdout_loss", "passes", "stop_reason")}
                                  for s in reg.get("steps", [])]}
+    if l2 == "auto":  # the progress line's ETA against the time it took, as the scale run records it
+        rec["eta"] = eta_figures(log.read_text(), float(meta["train_seconds"]))
     print(f"scale_quality: {name:>10}  λ {rec['l2']:.3g}  test logloss {rec.get('logloss', float('nan')):.6f}  "
           f"{rec['passes']} passes  {wall:.0f} s", flush=True)
     return rec
@@ -110,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
     manifest = json.loads((a.workdir / "data" / "train" / "_manifest.json").read_text())
     rows = int(manifest["rows"])
     started = time.time()
-    auto = _reused(a) if a.reuse_auto else _fit(a, "auto", "auto")
+    auto = _fit(a, "auto", "auto")
     grid = [_fit(a, f"{g:g}N", repr(g / rows)) for g in a.grid]
     best = min(grid, key=lambda r: r["logloss"]) if grid else {"l2": float("nan"), "logloss": float("nan")}
     vw = None
