@@ -36,6 +36,9 @@ the averaging set to 0): they stay 0 as well. The
 tracker, checkpoints and the result get the weights over all features; a checkpoint also keeps
 the set (``lbfgs_active``), and the pairs, gradient and preconditioner (``lbfgs_inv_diag``, and
 ``lbfgs_coarse_group`` / ``lbfgs_coarse_E`` for the coarse correction) in compact numbering.
+The phase's first pass's history entry also has ``start_objective``, f(θ_start), with
+``start_objective_s``, the seconds into that pass when it was known (:meth:`PassTracker.note`):
+after the hybrid's online passes, the objective of their average.
 """
 
 from __future__ import annotations
@@ -123,6 +126,8 @@ class LBFGSPhase:
             theta, grad, hess = space.compact(theta0), space.compact(ev.grad), space.compact(ev.hess_diag)
             # the penalty summed in compact order, as every later value (and a resumed run) has it
             value = ev.loss_term + objective.penalty(theta)
+        # f(θ₀) with the time it is known: the online phase's average is scored here, not at its pass's end
+        run.tracker.note("start_objective", value)
         precond = _preconditioner(run, space, objective.table, theta, jacobi_inverse(hess))
         coarse = precond.n_groups if isinstance(precond, TwoLevel) else 0
         g0 = steepest(theta, grad, run.params.l1) if run.params.l1 > 0.0 else grad

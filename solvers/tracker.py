@@ -17,6 +17,12 @@ pass: speculative execution), so the difference is the spread of the reads' ends
 early ranks spend waiting at the first collective. Every rank takes its time right after the
 pass's last collective, which they leave together, so no clocks need to agree.
 
+A solver may also record a value known inside a pass (:meth:`PassTracker.note`: L-BFGS's
+objective at its starting point, known after the phase's first evaluation, before its first
+pass ends): the pass's entry gets ``key`` and ``key_s``, the seconds from the previous pass's end
+(the previous entry's clocks; 0 before the first pass) to when it was known, the largest over
+ranks, taken in the same AllReduce.
+
 Early stopping (Vowpal Wabbit's holdout rule): with held-out data and ``early_stop_passes``
 k > 0, stop after k consecutive passes without a strictly lower held-out loss, and return the
 weights of the best pass.
@@ -66,6 +72,7 @@ class PassTracker:
         self._t0 = time.perf_counter()
         self._mark_time = self._t0
         self._mark_stats = self._totals()
+        self._notes: list[tuple[str, float, float]] = []  # (key, value, rank's seconds into the pass)
 
     @property
     def holdout_weight(self) -> float:
@@ -94,6 +101,11 @@ class PassTracker:
         loss, problem = shard_sums(hold, theta, self.loss_id, threads=self.threads)
         return loss, None if problem is None else f"rank {self.comm.rank}: {problem}"
 
+    def note(self, key: str, value: float) -> None:
+        """Record ``value`` for the pass in progress, known now (every rank notes the same keys
+        in the same order: their times travel in the pass's AllReduce)."""
+        self._notes.append((key, float(value), time.perf_counter() - self._mark_time))
+
     def finish_pass(self, phase: str, theta: np.ndarray, *, objective: float | None,
                     grad_norm: float | None, step: float | None, sums=(),
                     **extra: Any) -> tuple[dict, np.ndarray]:
@@ -106,7 +118,8 @@ class PassTracker:
         k, r = self.comm.size, self.comm.rank
         sums = np.asarray(sums, dtype=np.float64).reshape(-1)
         head = 2 + sums.shape[0]
-        vec = np.zeros(head + 4 * k, dtype=np.float64)
+        notes, self._notes = self._notes, []
+        vec = np.zeros(head + (4 + len(notes)) * k, dtype=np.float64)
         vec[0] = hold_loss
         vec[1] = 0.0 if hold_problem is None else 1.0
         vec[2:head] = sums
@@ -115,6 +128,8 @@ class PassTracker:
         vec[head + k + r] = stats["wait_s"] - self._mark_stats["wait_s"]
         vec[head + 2 * k + r] = stats["transfer_s"] - self._mark_stats["transfer_s"]
         vec[head + 3 * k + r] = self._elapsed_offset + (now - self._t0)
+        for i, (_, _, seconds) in enumerate(notes):
+            vec[head + (4 + i) * k + r] = seconds
         tot = self.comm.allreduce(vec)
         self._mark_time, self._mark_stats = now, stats
         if tot[1] != 0.0:
@@ -122,7 +137,7 @@ class PassTracker:
                 f"non-finite held-out loss after pass {self.passes_done + 1}: "
                 + (hold_problem or "reported by another rank (see its error)")
             )
-        timing = tot[head:].reshape(4, k)
+        timing = tot[head:].reshape(4 + len(notes), k)
         entry: dict[str, Any] = {
             "pass": self.passes_done + 1,
             "phase": phase,
@@ -135,6 +150,9 @@ class PassTracker:
         if self.holdout_weight > 0.0:
             entry["holdout_loss"] = float(tot[0]) / self.holdout_weight
             self._update_best(entry, theta)
+        for i, (key, value, _) in enumerate(notes):
+            entry[key] = value
+            entry[f"{key}_s"] = float(timing[4 + i].max())
         entry["compute_s"] = timing[0].tolist()
         entry["stall_s"] = timing[1].tolist()
         entry["transfer_s"] = timing[2].tolist()

@@ -50,6 +50,10 @@ def test_targets_read_the_first_pass_at_or_below_the_peers_objective():
     assert out["mllib_ratio_since_all_loaded"] == {"2000000": 20.0, "10000000": 20.0}
     assert out["mllib_target_met"] is True
     assert out["vw_time_fraction"] == {"30000000": pytest.approx(0.05)} and out["vw_target_met"] is True
+    h[1].update(start_objective=0.446, start_objective_s=0.5)  # inside pass 2, 0.5 s after pass 1 ended
+    out = peers.summary({"30000000": _run(h, "vw", 100.0, 0.446)}, [], [30_000_000])
+    assert out["vw_time_fraction"] == {"30000000": pytest.approx(0.025)}  # known at 2.5 s, not 4 s
+    assert peers._versus({"history": h}, 100.0, 0.446)["elapsed_all_s"]["time_to_peer_objective_s"] == 1.5
     runs["10000000"] = _run(h, "mllib", 70.0, 0.44)  # 14x < 15x
     runs["30000000"] = _run(h, "vw", 100.0, 0.40)    # never reached
     out = peers.summary(runs, [2_000_000, 10_000_000], [30_000_000])

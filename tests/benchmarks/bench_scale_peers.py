@@ -99,7 +99,8 @@ def _terascale(a: argparse.Namespace, data: Path, rows: int) -> dict:
     meta, wall = train_cli(str(data), str(model), [f"spark.master={a.master}", *OPT_SETS], f"terascale at {rows:,}")
     bits = int(meta["spec"]["bits"])
     w = load_weights(str(model), 1 << bits)
-    hist = [{k: h.get(k) for k in ("pass", "phase", "objective", "elapsed_s", "elapsed_all_s")} for h in meta["history"]]
+    hist = [{k: h.get(k) for k in ("pass", "phase", "objective", "elapsed_s", "elapsed_all_s",
+                                                   "start_objective", "start_objective_s") if k in h} for h in meta["history"]]
     rec = {"wall_s": wall, "train_seconds": meta["train_seconds"], "passes": len(hist), "history": hist,
            "final_objective": meta["objective"],
            # the same weights through this benchmark's objective: the history's numbers are comparable

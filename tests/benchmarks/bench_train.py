@@ -65,9 +65,18 @@ def logloss(y, p) -> float:
 
 def first_time_at_or_below(history, target: float, clock: str = "elapsed_s"):
     """The history's time (``clock``: elapsed_s since the first rank started, elapsed_all_s since
-    every shard was in memory, see solvers.tracker) of the first pass at or below ``target``."""
-    h = first_pass_at_or_below(history, target)
-    return None if h is None else h[clock]
+    every shard was in memory, see solvers.tracker) when an objective at or below ``target`` was
+    first known: a pass's end, or inside a pass, the L-BFGS phase's starting objective (the
+    previous pass's clock + ``start_objective_s``)."""
+    before = 0.0
+    for h in history:
+        start = h.get("start_objective")
+        if start is not None and start <= target:
+            return before + h["start_objective_s"]
+        if h.get("objective") is not None and h["objective"] <= target:
+            return h[clock]
+        before = h[clock]
+    return None
 
 
 def first_pass_at_or_below(history, target: float):

@@ -97,6 +97,19 @@ def test_history_of_an_lbfgs_run():
     assert h[-1]["objective"] == res.objective
 
 
+def test_the_lbfgs_phase_records_its_starting_objective_and_when_it_was_known():
+    data = planted_problem(n=300, d=20, seed=23)
+    online = train_local(data, SolverParams(solver="hybrid", l2=1e-3, passes=1))  # the online average
+    for solver, start in (("hybrid", online.objective), ("lbfgs", np.log(2.0))):  # lbfgs: f(0) = log 2
+        h = train_local(data, SolverParams(solver=solver, l2=1e-3, passes=6)).history
+        i = next(i for i, e in enumerate(h) if e["phase"] == "lbfgs")
+        first, before = h[i], (h[i - 1]["elapsed_s"] if i else 0.0)
+        assert first["start_objective"] == pytest.approx(start, rel=1e-12), solver
+        assert first["objective"] < first["start_objective"]
+        assert 0.0 <= first["start_objective_s"] <= first["elapsed_s"] - before
+        assert [e for e in h if "start_objective" in e or "start_objective_s" in e] == [first]
+
+
 def test_hinge_loss_trains():
     data = planted_problem(n=400, d=20, seed=24, loss="hinge")
     l2 = 1e-2

@@ -64,7 +64,8 @@ def without_times(records: list[dict]) -> list[dict]:
 
 def numbers(history: list[dict]) -> list[dict]:
     """A history without its wall-clock fields (the numbers a rerun must repeat bit for bit)."""
-    timing = ("elapsed_s", "elapsed_all_s", "compute_s", "stall_s", "transfer_s", "step_elapsed_s", "step_elapsed_all_s")
+    timing = ("elapsed_s", "elapsed_all_s", "compute_s", "stall_s", "transfer_s", "step_elapsed_s", "step_elapsed_all_s",
+              "start_objective_s")
     return [{k: v for k, v in e.items() if k not in timing} for e in history]
 
 
