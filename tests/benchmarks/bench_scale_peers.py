@@ -20,8 +20,9 @@ per N, from its first N / 1M files (``--rows-per-file``), so every size is a pre
 
 Every model's training objective, (1/N) Σ log(1 + exp(−s·m)) + λ/2 |w|² (intercept
 unpenalised), is computed by one function (:func:`objective`, streaming the dataset one row
-group at a time). terascale's time to a peer's objective is the first pass of its history at
-or below it (``elapsed_s``: since the first rank started; ``elapsed_all_s``: since every shard
+group at a time). terascale's time to a peer's objective is when its history first shows an
+objective at or below it: a pass's end, or the L-BFGS phase's starting objective (the online
+pass's average, known after the phase's first evaluation; ``start_objective_s``) (``elapsed_s``: since the first rank started; ``elapsed_all_s``: since every shard
 was in memory, as MLlib's clock starts with its cache full). Targets (2 cores): MLlib's time over
 terascale's at 10M ≥ the same ratio at 2M; terascale's time to VW's objective at 30M ≤ 0.1× VW's.
 Results: bench-results/scale_peers.json. The work folder (``--workdir``, default
