@@ -31,6 +31,8 @@ import math
 
 from numba import cuda, float64
 
+import terascale.solvers.scd.numba_compat  # noqa: F401 - np.row_stack before the first kernel compiles
+
 # the catalogue's loss ids (the same the CPU kernels use; the catalogue imports no numba)
 from terascale.solvers.catalogue import HINGE, LOGISTIC, SQUARED, SQUARED_HINGE
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+import terascale.solvers.scd.numba_compat  # noqa: F401 - np.row_stack before the first kernel compiles
+
 _TAG = 0x5CD6  # separates these keys from the CPU solvers' generators on the same entropy
 _MASK32 = 0xFFFFFFFF
 _M1 = 0x7FEB352D
