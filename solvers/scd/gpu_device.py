@@ -93,6 +93,20 @@ def launch_shape(n: int, per_block: int) -> tuple[int, int]:
     return max(1, min(-(-n // per_block), MAX_REDUCE_BLOCKS)), per_block
 
 
+def resident_blocks(threads_per_block: int) -> int:
+    """How many blocks of ``threads_per_block`` threads can run at once: 1 under the simulator
+    (its blocks run one after another); on a device the SM count times the blocks an SM holds by
+    its thread limit (an upper bound: registers or shared memory may hold fewer)."""
+    if simulator_enabled():
+        return 1
+    from numba import cuda
+
+    dev = cuda.get_current_device()
+    per_sm = min(int(getattr(dev, "MAX_BLOCKS_PER_MULTIPROCESSOR", 32)),
+                 int(getattr(dev, "MAX_THREADS_PER_MULTI_PROCESSOR", 2048)) // max(1, int(threads_per_block)))
+    return max(1, int(dev.MULTIPROCESSOR_COUNT) * max(1, per_sm))
+
+
 def coord_grid(n: int) -> int:
     """Blocks of a block-per-coordinate reduction over ``n`` coordinates (grid-stride beyond)."""
     return max(1, min(n, 2 if simulator_enabled() else MAX_REDUCE_BLOCKS))

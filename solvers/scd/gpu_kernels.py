@@ -162,14 +162,15 @@ def _block_sum(buf, tid, acc):
 
 
 @cuda.jit
-def row_sq_norms_kernel(indptr, values, bias_scale, out):
-    """||x_i||^2 (constant feature included) of every row; one thread per row."""
+def row_sq_norms_kernel(indptr, indices, values, beta, bias_beta, bias_scale, out):
+    """v_i = sum_j beta_j x_ij^2 (constant feature included, with ``bias_beta``) of every row;
+    one thread per row (``beta`` = 1: ||x_i||^2; see ``gpu_local_solver.eso_weights``)."""
     i = cuda.grid(1)
     if i < out.shape[0]:
-        acc = bias_scale * bias_scale
+        acc = bias_beta * bias_scale * bias_scale
         for k in range(indptr[i], indptr[i + 1]):
             v = float64(values[k])
-            acc += v * v
+            acc += beta[indices[k]] * v * v
         out[i] = acc
 
 

@@ -526,3 +526,19 @@ def test_round_traffic_on_a_device(loss, formulation):
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "sim":
     _sim_main()
+
+
+def test_eso_weights_damp_shared_features_by_the_concurrency():
+    """beta_j = 1 + (ω_j − 1)(τ − 1)/(n − 1): 1 at τ = 1 (the sequential step), τ for a feature
+    in every row (the constant), 1 for a feature in one row; v_i = sum_j beta_j x_ij²."""
+    from terascale.solvers.scd.gpu_local_solver import eso_weights
+
+    indices = np.array([0, 1, 0, 2, 0, 0], dtype=np.int32)  # rows [0, 1], [0, 2], [0], [0]: ω = 4, 1, 1, 0
+    beta, bias = eso_weights(indices, 4, 4, 1)
+    assert beta.tolist() == [1.0, 1.0, 1.0, 1.0] and bias == 1.0
+    beta, bias = eso_weights(indices, 4, 4, 7)
+    assert beta.tolist() == [7.0, 1.0, 1.0, 1.0] and bias == 7.0
+    beta, bias = eso_weights(indices, 4, 4, 3)
+    assert beta.tolist() == [3.0, 1.0, 1.0, 1.0] and bias == 3.0
+    beta, _ = eso_weights(np.array([0, 0, 1], dtype=np.int32), 2, 5, 5)  # ω_0 = 2 of n = 5 rows
+    assert beta.tolist() == [1.0 + 1 * 4 / 4, 1.0]
