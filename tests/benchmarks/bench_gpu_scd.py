@@ -22,6 +22,12 @@ stops at the end of its round and reports ``capped`` (its seconds, epochs and ga
 instead of a time to the gap; its speed-up figures become lower bounds (``*_at_least``). 0 (the
 default): no cap. The GPU run is never capped (a cap reads its state back every round).
 
+The dual problems also run TPA-SCD on fewer blocks, ``gpu_blocks_<n>`` for n = the blocks the
+device holds at once (``resident_blocks``) divided by each of ``GRID_DIVISORS`` (env
+``TERASCALE_BENCH_GPU_GRID_DIVISORS``, default ``4,16``): fewer rows in flight at once, so
+smaller damping of each step (``gpu_local_solver.eso_weights``) but less of the device busy; the
+trade-off between epochs and epoch time, measured.
+
 ``python -m tests.benchmarks gpu_scd`` (or ``python -m tests.benchmarks.bench_gpu_scd``). Without
 a usable GPU ``main()`` prints why and returns ``{"skipped": reason}``; run as a script it exits
 with status 2.
@@ -41,6 +47,7 @@ MAX_ROUNDS = int(os.environ.get("TERASCALE_BENCH_GPU_MAX_ROUNDS", "300"))
 WARMUP_ROWS = int(os.environ.get("TERASCALE_BENCH_GPU_WARMUP_ROWS", "2000"))
 CPU_CAP_S = float(os.environ.get("TERASCALE_BENCH_GPU_CPU_CAP_S", "0"))
 PROBLEMS = (("logistic", "dual"), ("squared", "dual"), ("squared", "primal"))
+GRID_DIVISORS = tuple(int(d) for d in os.environ.get("TERASCALE_BENCH_GPU_GRID_DIVISORS", "4,16").split(",") if d)
 
 
 def _time_to_gap(result, eps: float) -> tuple[float | None, int | None]:
@@ -69,7 +76,7 @@ def _cap(seconds: float):
     return on_round_end
 
 
-def _run(data, loss: str, formulation: str, solver: str) -> dict[str, Any]:
+def _run(data, loss: str, formulation: str, solver: str, blocks: int | None = None) -> dict[str, Any]:
     from terascale.allreduce.communicator import LocalCommunicator
     from terascale.solvers.scd.api import train_cocoa
     from terascale.solvers.scd.gpu_problem import make_gpu_problem
@@ -81,7 +88,7 @@ def _run(data, loss: str, formulation: str, solver: str) -> dict[str, Any]:
     made = []
 
     def gpu_problem(*args):  # what train_cocoa_gpu builds, kept to read its transfer counters
-        made.append(make_gpu_problem(*args))
+        made.append(make_gpu_problem(*args, blocks=blocks))
         return made[-1]
 
     capped = solver != "gpu" and CPU_CAP_S > 0
@@ -101,6 +108,8 @@ def _run(data, loss: str, formulation: str, solver: str) -> dict[str, Any]:
     out = {"threads": threads if solver != "gpu" else None, "seconds_to_gap": seconds,
            "epochs_to_gap": epochs, "wall_s": wall, "final_gap": res.gap, "rounds": res.rounds,
            "primal": res.primal}
+    if made:
+        out["blocks"], out["concurrency"] = made[0].solver.blocks, getattr(made[0].solver, "concurrency", None)
     if made:  # host<->device bytes, set-up (the data) included; per round: 16 x shared_len + 48
         out["pcie"] = {**made[0].solver.traffic(), "shared_bytes": 8 * made[0].shared_len}
     return out
@@ -139,6 +148,7 @@ def _warm_up() -> None:
 
 def main() -> dict:
     from terascale.solvers.scd.gpu import gpu_available
+    from terascale.solvers.scd.gpu_device import resident_blocks
     from tests.benchmarks.bench_scd import click_data
 
     ok, reason = gpu_available()
@@ -153,9 +163,12 @@ def main() -> dict:
                                "max_rounds": MAX_ROUNDS, "cpu_cap_s": CPU_CAP_S, "problems": {}}
     for loss, formulation in PROBLEMS:
         runs = {s: _run(data, loss, formulation, s) for s in ("cpu_seq", "cpu_threads", "gpu")}
+        if formulation == "dual":
+            for n in sorted({max(1, resident_blocks(256) // d) for d in GRID_DIVISORS}, reverse=True):
+                runs[f"gpu_blocks_{n}"] = _run(data, loss, formulation, "gpu", blocks=n)
         for name, r in runs.items():
             r.update(ratios(r, runs["cpu_seq"], "seq"))
-            if name == "gpu":
+            if name.startswith("gpu"):
                 r.update(ratios(r, runs["cpu_threads"], "threads"))
         figures["problems"][f"{loss}_{formulation}"] = runs
         print(f"  {loss}/{formulation}: " + ", ".join(
