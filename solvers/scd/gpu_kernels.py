@@ -19,7 +19,10 @@ the dual, ``lam_n = lam N`` and ``sigma`` for the primal; the dual shared vector
 other blocks may update the shared vector while a block reads it, a coordinate may see a
 slightly stale ``u`` (that is the algorithm: asynchronous, Hogwild-style reads, atomic writes).
 Under the CUDA simulator blocks run one after another, so an epoch equals the sequential CPU
-epoch up to the summation order of the inner products.
+epoch up to the summation order of the inner products. On a device up to τ blocks run at once,
+so the dual's step uses ``sqn[i]`` = Σ_j β_j x_ij² in place of ||x_i||² (β from
+``gpu_local_solver.eso_weights``; β = 1 when τ = 1): without that damping the constant feature,
+in every row, takes τ steps computed from one stale value and the epoch diverges.
 
 Only ``numba.cuda`` is imported here; the module imports on machines without CUDA (kernels are
 compiled lazily at their first launch).
