@@ -161,9 +161,12 @@ def eso_weights(indices: np.ndarray, n_features: int, n_rows: int, tau: int) -> 
     row (the constant) gets τ: without it, τ concurrent steps on the constant overshoot by about
     τ and the epoch diverges once τ exceeds about 2λN (seen on an H100 at τ ≈ 2,000). τ = 1 (the
     simulator, or one block): beta = 1, the sequential step exactly."""
-    omega = np.bincount(np.asarray(indices, dtype=np.int64), minlength=n_features).astype(np.float64)
     scale = (tau - 1) / max(1, n_rows - 1)
-    beta = 1.0 + np.maximum(omega - 1.0, 0.0) * scale
+    beta = np.bincount(indices, minlength=n_features).astype(np.float64)  # ω, then beta in place
+    beta -= 1.0
+    np.maximum(beta, 0.0, out=beta)
+    beta *= scale
+    beta += 1.0
     return beta, float(1.0 + max(n_rows - 1, 0) * scale)
 
 

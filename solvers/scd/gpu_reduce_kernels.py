@@ -31,7 +31,6 @@ import math
 
 from numba import cuda, float64
 
-import terascale.solvers.scd.numba_compat  # noqa: F401 - np.row_stack before the first kernel compiles
 from terascale.solvers.catalogue import HINGE, LOGISTIC, SQUARED, SQUARED_HINGE
 from terascale.solvers.scd.gpu_kernels import B_EPS
 

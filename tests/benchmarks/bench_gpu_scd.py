@@ -108,10 +108,9 @@ def _run(data, loss: str, formulation: str, solver: str, blocks: int | None = No
     out = {"threads": threads if solver != "gpu" else None, "seconds_to_gap": seconds,
            "epochs_to_gap": epochs, "wall_s": wall, "final_gap": res.gap, "rounds": res.rounds,
            "primal": res.primal}
-    if made:
-        out["blocks"], out["concurrency"] = made[0].solver.blocks, getattr(made[0].solver, "concurrency", None)
     if made:  # host<->device bytes, set-up (the data) included; per round: 16 x shared_len + 48
         out["pcie"] = {**made[0].solver.traffic(), "shared_bytes": 8 * made[0].shared_len}
+        out["blocks"], out["concurrency"] = made[0].solver.blocks, getattr(made[0].solver, "concurrency", None)
     return out
 
 
