@@ -168,7 +168,11 @@ class Channel:
         self._pending = 0  # frames sealed by seal_data and not yet sent by send_sealed
         self._send_seq = first_seq
         self._recv_seq = first_seq
-        self._send_lock = threading.Lock()
+        self._send_lock = threading.Lock()  # the socket's writing side: one frame at a time
+        # _send_seq and _pending: sealing a data frame (seal_data) takes only this lock, so it
+        # overlaps the socket write of the frame before it (send_sealed holds the send lock);
+        # taken after the send lock where both are held
+        self._seq_lock = threading.Lock()
         self._recv_lock = threading.Lock()  # one reader at a time: a collective or poll_heartbeats
         self._header_buf = bytearray(proto.HEADER_BYTES)
         self._tag_buf = bytearray(self._tag_bytes)
@@ -276,20 +280,22 @@ class Channel:
         if not self._send_lock.acquire(blocking=False):
             return
         try:
-            if self._pending:  # sealed frames own the next sequence numbers: they go first
-                return
-            if self._tail and not self._write_nowait(self._tail):
-                return
-            if time.monotonic() - self._last_sent < min_interval_s:
-                return
-            if self._send_seq > proto.MAX_SEQ:
-                return
-            self._write_nowait(self._small_frame(MsgType.HEARTBEAT, b""), new_frame=True)
+            with self._seq_lock:
+                if self._pending:  # sealed frames own the next sequence numbers: they go first
+                    return
+                if self._tail and not self._write_nowait(self._tail):
+                    return
+                if time.monotonic() - self._last_sent < min_interval_s:
+                    return
+                if self._send_seq > proto.MAX_SEQ:
+                    return
+                self._write_nowait(self._small_frame(MsgType.HEARTBEAT, b""), new_frame=True)
         finally:
             self._send_lock.release()
 
     def _write_nowait(self, data: bytes, new_frame: bool = False) -> bool:
-        """Write what fits of ``data`` without blocking (send lock held); True if all of it.
+        """Write what fits of ``data`` without blocking (send and sequence locks held); True if
+        all of it.
 
         The fd is non-blocking (the socket has a timeout), so ``os.write`` never waits, where
         ``socket.send`` would wait up to the timeout for room.
@@ -392,16 +398,17 @@ class Channel:
         return b"".join([header, *(bytes(b) for b in self._seal(header, memoryview(payload)))])
 
     def _send_locked(self, msg_type: MsgType, view: memoryview) -> None:
-        self._check_nonce_space()
         t = time.perf_counter(), time.thread_time()
-        header = proto.pack_header(msg_type, self._send_seq, len(view))
-        wire = self._seal(header, view)
+        with self._seq_lock:
+            self._check_nonce_space()
+            header = proto.pack_header(msg_type, self._send_seq, len(view))
+            wire = self._seal(header, view)
+            self._send_seq += 1  # the frame is cut short only with an error that ends the link
         t = self._clock("seal", *t)
         stall = None
         if self._heartbeat_timeout_s is not None:
             stall = self._stall(f"sending it a {msg_type.name} frame", receiving=False)
         tail, self._tail = self._tail, b""
-        self._send_seq += 1  # the frame is cut short only with an error that ends the link
         proto.send_buffers(
             self.sock, (tail, header, *wire), rank=self.rank, peer=self.peer, stall=stall
         )
@@ -422,24 +429,26 @@ class Channel:
         The frame takes the next sequence number. ``out`` (``len(view) + tag_bytes`` bytes)
         receives the ciphertext if the cipher encrypts; otherwise the frame refers to ``view``,
         which must stay unchanged until the frame is sent. Sealed frames must be sent in order,
-        by one thread; until they are, no heartbeat or ABORT is sent on this link.
+        by one thread, and sealed by one thread; until they are sent, no heartbeat or ABORT is
+        sent on this link. Only the sequence number is taken under a lock (not the send lock):
+        the sealing runs while the previous frame is still being written to the socket.
         """
         if len(view) > self.max_frame_bytes:
             raise ProtocolError(
                 f"refusing to send a {msg_type.name} frame of {len(view)} bytes (over the limit)"
             )
-        with self._send_lock:
+        t = time.perf_counter(), time.thread_time()
+        with self._seq_lock:
             self._check_nonce_space()
-            t = time.perf_counter(), time.thread_time()
             header = proto.pack_header(msg_type, self._send_seq, len(view))
-            fc = self._send_fc
-            if fc.encrypts:
-                wire: tuple[Any, ...] = (fc.seal(header, view, out),)
-            else:
-                wire = (view, fc.seal(header, view))
             self._send_seq += 1
             self._pending += 1
-            self._clock("seal", *t)
+        fc = self._send_fc
+        if fc.encrypts:
+            wire: tuple[Any, ...] = (fc.seal(header, view, out),)
+        else:
+            wire = (view, fc.seal(header, view))
+        self._clock("seal", *t)
         return (header, *wire)
 
     def send_sealed(self, frame: tuple[Any, ...]) -> None:
@@ -456,7 +465,8 @@ class Channel:
                     self.sock, (tail, *frame), rank=self.rank, peer=self.peer, stall=stall
                 )
             finally:
-                self._pending -= 1
+                with self._seq_lock:
+                    self._pending -= 1
             self._clock("send", *t)
             self._last_sent = time.monotonic()
 
@@ -472,17 +482,18 @@ class Channel:
         if self._closed or not self._send_lock.acquire(blocking=False):
             return False
         try:
-            if self._send_seq > proto.MAX_SEQ or self._pending:
-                return False
-            payload = proto.encode_json({"origin": origin, "reason": reason[:1000]})
-            data = self._tail + self._small_frame(MsgType.ABORT, payload)
-            try:
-                sent = self.sock.send(data, _MSG_DONTWAIT)
-            except OSError:
-                return False
-            self._send_seq += 1
-            self._tail = b""
-            return sent == len(data)
+            with self._seq_lock:
+                if self._send_seq > proto.MAX_SEQ or self._pending:
+                    return False
+                payload = proto.encode_json({"origin": origin, "reason": reason[:1000]})
+                data = self._tail + self._small_frame(MsgType.ABORT, payload)
+                try:
+                    sent = self.sock.send(data, _MSG_DONTWAIT)
+                except OSError:
+                    return False
+                self._send_seq += 1
+                self._tail = b""
+                return sent == len(data)
         except ProtocolError:
             return False
         finally:

@@ -28,7 +28,9 @@ Threading: not pipelined, the calling thread runs every chunk up, then every chu
 Pipelined (several chunks), the calling thread runs the upward flow while a
 ``_DownwardFlow`` thread runs the downward one (at the root, chunk ``i`` goes down only once
 it is summed), and with ``overlap`` one ``_Writer`` thread per outgoing link sends sealed
-frames in order while the next chunk is sealed. Every thread of a call is joined before the
+frames in order while the next chunk is sealed, and one ``_Reader`` thread per child whose
+chunks are added here receives and opens them while the calling thread adds the chunk before
+(:mod:`allreduce.link_threads`). Every thread of a call is joined before the
 call returns; errors from any of them go to ``_Failure`` and the caller raises the first one.
 Calls must not overlap on one node (the node serialises them). ``_OutputPool`` hands out result
 arrays whose memory returns to the pool from whichever thread drops the last reference.
@@ -36,18 +38,16 @@ arrays whose memory returns to the pool from whichever thread drops the last ref
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from .channel import Channel
-from .errors import PeerLost
+from .link_threads import _POLL_S, _Reader, _Writer
 from .protocol import MsgType
 
 _UP = {4: MsgType.UP_F32, 8: MsgType.UP_F64}
@@ -159,6 +159,7 @@ class _CollectiveRun:
         down_writers: list[_Writer],
         failure: _Failure,
         window: int = 0,
+        readers: Sequence[_Reader] = (),
     ) -> None:
         self.plan = plan
         self._window = window if parent is not None else 0  # the root waits for no one
@@ -167,6 +168,7 @@ class _CollectiveRun:
         self._parent, self._children, self._sources = parent, children, sources
         self._scratch, self._targets = scratch, targets
         self._up_writer, self._down_writers = up_writer, down_writers
+        self._readers = list(readers)  # one per source, in order, or none (the calling thread receives)
         self._failure = failure
         self.first_ready = 0.0  # when the first chunk of the result was in ``out``
         self.add_s = 0.0  # time spent adding children's chunks
@@ -213,6 +215,8 @@ class _CollectiveRun:
             # heartbeat_timeout_s (or after max_wait_s), and a failure shuts the links down,
             # which wakes it at once.
             down.join()
+            for r in self._readers:
+                r.join()
             writers = [self._up_writer] if self._up_writer is not None else []
             for w in writers + self._down_writers:
                 w.close()
@@ -245,6 +249,9 @@ class _CollectiveRun:
     def _sum_into(self, target: np.ndarray, lo: int, hi: int) -> None:
         """``target`` = this node's ``[lo, hi)`` + each child's chunk, in the children's order
         (the fixed order that makes the sum bit-identical on every rank)."""
+        if self._readers:
+            self._sum_read(target, lo, hi)
+            return
         m = hi - lo
         for j, chan in enumerate(self._sources):
             chan.recv_data_into(self.plan.up_type, _bytes(self._scratch[j][:m]))
@@ -253,6 +260,20 @@ class _CollectiveRun:
         for j in range(1, len(self._sources)):
             np.add(target, self._scratch[j][:m], out=target)
         self.add_s += time.perf_counter() - t
+
+    def _sum_read(self, target: np.ndarray, lo: int, hi: int) -> None:
+        """``_sum_into`` with the children's chunks from their readers (received and verified
+        on the readers' threads, meanwhile this thread adds the chunk before)."""
+        taken = [r.take() for r in self._readers]
+        try:
+            t = time.perf_counter()
+            np.add(self._flat[lo:hi], taken[0][1], out=target)
+            for _, chunk in taken[1:]:
+                np.add(target, chunk, out=target)
+            self.add_s += time.perf_counter() - t
+        finally:
+            for r, (slot, _) in zip(self._readers, taken, strict=True):
+                r.give_back(slot)
 
     def down_chunk(self, i: int) -> None:
         """Chunk ``i`` of the result going down: from the parent into ``out`` (the root has it
@@ -271,9 +292,6 @@ class _CollectiveRun:
         else:
             for chan in self._children:
                 chan.send(p.down_type, view)
-
-
-_POLL_S = 0.05  # how often a thread waiting on another of its collective checks for a failure
 
 
 def _acquire(sem: threading.Semaphore, failure: _Failure, poll_s: float) -> bool:
@@ -349,76 +367,6 @@ class _DownwardFlow:
                 w.finish()
         except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
             self._failure.record(exc)
-
-
-class _Stopped(Exception):
-    """Another thread of the collective failed (its error is the one raised)."""
-
-
-class _Writer:
-    """Sends one link's sealed data frames from its own thread, in order.
-
-    The collective's thread seals chunk k+1 (:meth:`Channel.seal_data`, into one of
-    ``DEPTH`` reused buffers) while this thread has chunk k on the wire. A send error is
-    recorded in ``failure`` (which aborts the collective); a waiting caller stops once
-    ``failure`` holds any error.
-    """
-
-    DEPTH = 2
-    ABORT_GRACE_S = 0.25
-
-    def __init__(self, chan: Channel, buffers: list[Any], failure: _Failure) -> None:
-        self._chan = chan
-        self._bufs = buffers
-        self._failure = failure
-        self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
-        for i in range(self.DEPTH):
-            self._free.put(i)
-        self._todo: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=f"send-{chan.who}", daemon=True)
-        self._thread.start()
-
-    def slot(self) -> int:
-        """A buffer slot whose previous frame has been sent (waits for one)."""
-        while True:
-            try:
-                return self._free.get(timeout=0.05)
-            except queue.Empty:
-                if self._failure.failed:
-                    raise _Stopped() from None
-
-    def submit(self, slot: int, msg_type: MsgType, view: memoryview) -> None:
-        self._todo.put((slot, self._chan.seal_data(msg_type, view, self._bufs[slot])))
-
-    def finish(self) -> None:
-        """Wait until every submitted frame is sent."""
-        self._todo.put(None)
-        self._thread.join()
-        if self._failure.failed:
-            raise _Stopped()
-
-    def close(self) -> None:
-        self._todo.put(None)
-        self._thread.join(timeout=5.0)
-
-    def _run(self) -> None:
-        while True:
-            item = self._todo.get()
-            if item is None:
-                return
-            slot, frame = item
-            try:
-                self._chan.send_sealed(frame)
-            except BaseException as exc:  # noqa: BLE001 - handed to the collective
-                if isinstance(exc, PeerLost):
-                    # a peer that closed the link may have sent an ABORT saying why: give the
-                    # thread reading this link a moment to report it first
-                    deadline = time.monotonic() + self.ABORT_GRACE_S
-                    while not self._failure.failed and time.monotonic() < deadline:
-                        time.sleep(0.005)
-                self._failure.record(exc)
-                return
-            self._free.put(slot)
 
 
 class _OutputPool:

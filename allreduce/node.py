@@ -6,8 +6,9 @@ chunk and sends the result to its parent; the root's sum then flows down the tre
 chunk. Reduce and broadcast are pipelined: a helper thread carries the downward flow, so the
 reduction of chunk ``i+1`` overlaps the transfer of chunk ``i`` down the tree. With
 ``overlap`` (the default) every outgoing link also has a writer thread: chunk ``k+1`` is sealed
-(encrypted, with ``aes-gcm``) while chunk ``k`` is on the wire, and received chunks are
-decrypted and added while the next ones arrive in the kernel's socket buffer. Frames are
+(encrypted, with ``aes-gcm``) while chunk ``k`` is on the wire; and every child whose chunks
+are added here has a reader thread, which receives and decrypts chunk ``k+1`` while chunk ``k``
+is added (:mod:`allreduce.link_threads`). Frames are
 received into reused buffers and decrypted straight into the result or a scratch chunk; a chunk
 is added only after its tag is verified. The sum order is fixed by the tree (see
 :mod:`allreduce.topology`), and every rank ends with the root's bytes, so the result is
@@ -68,9 +69,10 @@ from . import ciphers, endpoints
 from . import protocol as proto
 from .channel import Channel, open_listener
 from .client import ServerSession
-from .collective_run import _CollectiveRun, _Failure, _OutputPool, _Plan, _Writer
+from .collective_run import _CollectiveRun, _Failure, _OutputPool, _Plan
 from .communicator import CallStats, Communicator, wire_array
 from .errors import AllreduceError, PeerAborted
+from .link_threads import _Reader, _Writer
 from .topology import Placement, depth, path_to_root
 from .tree_links import _child_acceptor, _Children, _link, _LinkSettings
 
@@ -114,7 +116,7 @@ class TreeNode(Communicator):
         self._parent = parent
         self._children = list(children)
         self._chunk_bytes = int(chunk_bytes)
-        self._overlap = bool(overlap)  # writer threads: seal chunk k+1 while chunk k is sent
+        self._overlap = bool(overlap)  # writer and reader threads per link (see the module docstring)
         if window_chunks is not None and window_chunks < 0:
             raise ValueError(f"window_chunks must be >= 0, got {window_chunks}")
         # chunk i goes up after result chunk i - W came down (0: off; None: auto_window)
@@ -394,6 +396,7 @@ class TreeNode(Communicator):
         failure = _Failure(self._break)
         scratch, targets = self._chunk_buffers(plan, flat.dtype)
         up_writer, down_writers = self._writers(plan, flat.dtype.itemsize, failure)
+        readers = self._readers(plan, sources, scratch, failure)
         run = _CollectiveRun(
             plan,
             flat,
@@ -407,6 +410,7 @@ class TreeNode(Communicator):
             down_writers=down_writers,
             failure=failure,
             window=self._window,
+            readers=readers,
         )
         try:
             if plan.pipelined:
@@ -429,16 +433,34 @@ class TreeNode(Communicator):
     def _chunk_buffers(
         self, plan: _Plan, dtype: np.dtype
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """The collective's reused chunk buffers: (one per child whose partial sum is added here,
-        the ones a chunk going up is built in). Pipelined, a chunk going up is built in one of
+        """The collective's reused chunk buffers: (those the children's partial sums added here
+        are received into: one per child, or ``_Reader.DEPTH`` per child when readers receive
+        them; the ones a chunk going up is built in). Pipelined, a chunk going up is built in one of
         two alternating targets, as a writer may still be sending the previous one from the
         other."""
-        n_scratch = plan.n_sources if plan.own else 0
+        n_scratch = (plan.n_sources * (_Reader.DEPTH if self._reads(plan) else 1)) if plan.own else 0
         n_targets = 2 if plan.pipelined else 1
         if not n_scratch and plan.root:
             return [], []
         bufs = self._buffers(dtype, plan.frame_items, n_scratch + n_targets)
         return bufs[:n_scratch], bufs[n_scratch : n_scratch + n_targets]
+
+    def _reads(self, plan: _Plan) -> bool:
+        """Whether the children's chunks added here come through ``_Reader`` threads: with
+        ``overlap``, in a pipelined collective that adds this node's own chunk to theirs."""
+        return plan.pipelined and self._overlap and plan.own and plan.n_sources > 0
+
+    def _readers(
+        self, plan: _Plan, sources: Sequence[Channel], scratch: list[np.ndarray], failure: _Failure
+    ) -> list[_Reader]:
+        """One reader thread per source (started here, joined by the run), each with its
+        ``_Reader.DEPTH`` chunk buffers out of ``scratch``; none unless :meth:`_reads`."""
+        if not self._reads(plan):
+            return []
+        sizes = [hi - lo for lo, hi in plan.bounds]
+        d = _Reader.DEPTH
+        return [_Reader(chan, plan.up_type, scratch[j * d : (j + 1) * d], sizes, failure)
+                for j, chan in enumerate(sources)]
 
     def _writers(
         self, plan: _Plan, itemsize: int, failure: _Failure

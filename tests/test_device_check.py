@@ -90,9 +90,12 @@ def test_the_gpu_benchmark_ran_every_solver_on_the_simulated_device(rehearsal):
         assert runs["cpu_seq"]["threads"] == 1 and runs["cpu_threads"]["threads"] == os.cpu_count()
         gpu = runs["gpu"]
         assert 1 <= gpu["rounds"] <= 4 and gpu["pcie"]["bytes_up"] > 0 and gpu["pcie"]["bytes_down"] > 0
+        assert gpu["epoch_s"] > 0 and (gpu["gamma_median"] is None or gpu["gamma_median"] > 0)
         if name.endswith("dual"):
             assert (gpu["blocks"], gpu["concurrency"]) == (160, 1)
             assert (runs["gpu_blocks_1"]["blocks"], runs["gpu_blocks_1"]["concurrency"]) == (1, 1)
+            # one block at a time: no damping, each row's coefficient exactly its own
+            assert gpu["eso_step_ratio"] == pytest.approx(1.0, rel=1e-12)
         for r in runs.values():
             assert (r["epochs_to_gap"] is None) == (r["seconds_to_gap"] is None)
     reached = [r for runs in g["problems"].values() for r in runs.values() if r["epochs_to_gap"]]

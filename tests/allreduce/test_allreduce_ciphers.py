@@ -183,6 +183,49 @@ def test_a_link_refuses_to_wrap_its_sequence_numbers(cipher):
         rx.close()
 
 
+@pytest.mark.parametrize("cipher", CIPHERS)
+def test_sealing_the_next_frame_does_not_wait_for_the_send_of_the_one_before(cipher):
+    """A writer thread is blocked mid-frame (the peer reads nothing yet): sealing the next frame
+    still finishes (it takes only the sequence number's lock), and both frames then arrive in
+    order and verify."""
+    a, b = socket.socketpair()
+    for s in (a, b):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 14)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 14)
+    tx = Channel(a, rank=1, peer=None, send_key=b"A" * 32, recv_key=b"B" * 32, io_timeout_s=30.0,
+                 cipher=cipher, send_direction="c2s")
+    rx = Channel(b, rank=0, peer=None, send_key=b"B" * 32, recv_key=b"A" * 32, io_timeout_s=30.0,
+                 cipher=cipher, send_direction="s2c")
+    n = 1 << 20  # 4 MiB of float32: far more than the socket buffers hold
+    first, second = np.full(n, 1.5, "<f4"), np.full(n, -2.5, "<f4")
+    bufs = [bytearray(4 * n + tx.tag_bytes) for _ in range(2)]
+    try:
+        frame = tx.seal_data(MsgType.UP_F32, memoryview(first).cast("B"), bufs[0])
+        writer = threading.Thread(target=tx.send_sealed, args=(frame,), daemon=True)
+        writer.start()
+        assert rx.readable(10.0)  # the writer is on the wire, and stuck there: nobody reads
+        sealed: list = []
+        sealer = threading.Thread(
+            target=lambda: sealed.append(tx.seal_data(MsgType.UP_F32, memoryview(second).cast("B"), bufs[1])),
+            daemon=True)
+        sealer.start()
+        sealer.join(10.0)
+        assert sealed, "sealing waited for the send of the frame before it"
+        assert writer.is_alive()  # still blocked: the seal did not need the wire
+        got = np.empty(n, "<f4")
+        rx.recv_data_into(MsgType.UP_F32, memoryview(got).cast("B"))
+        writer.join(10.0)
+        assert not writer.is_alive() and got.tobytes() == first.tobytes()
+        writer = threading.Thread(target=tx.send_sealed, args=(sealed[0],), daemon=True)
+        writer.start()
+        rx.recv_data_into(MsgType.UP_F32, memoryview(got).cast("B"))
+        writer.join(10.0)
+        assert got.tobytes() == second.tobytes()
+    finally:
+        tx.close()
+        rx.close()
+
+
 def test_session_keys_depend_on_cipher_transcript_and_direction():
     base = ciphers.session_keys(KEY, b"c" * 16, b"s" * 16, "aes-gcm", b"hellos")
     assert base[0] != base[1] and KEY not in base and all(len(k) == 32 for k in base)

@@ -4,7 +4,7 @@
   processes, no framing and no crypto.
 - AllReduce (``allreduce_socket.allreduce_bandwidth``): a 2^24-element float32 vector (64 MiB)
   over K = 2, 4, 8 processes on 127.0.0.1, for each ``allreduce.cipher``; time = the slowest
-  rank's wall time of one call. ``aes-gcm`` also runs with ``overlap=False`` (no writer threads)
+  rank's wall time of one call. ``aes-gcm`` also runs with ``overlap=False`` (no writer or reader threads)
   at K = 2 and 4, to show what the overlap buys.
 - Spark ``treeAggregate`` summing the same 2^24-float32 vectors from K = 4 cached partitions on
   ``local[4]`` (numpy in-place adds as seqOp/combOp, depth 2).

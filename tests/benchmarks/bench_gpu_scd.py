@@ -24,9 +24,13 @@ default): no cap. The GPU run is never capped (a cap reads its state back every 
 
 The dual problems also run TPA-SCD on fewer blocks, ``gpu_blocks_<n>`` for n = the blocks the
 device holds at once (``resident_blocks``) divided by each of ``GRID_DIVISORS`` (env
-``TERASCALE_BENCH_GPU_GRID_DIVISORS``, default ``4,16``): fewer rows in flight at once, so
+``TERASCALE_BENCH_GPU_GRID_DIVISORS``, default ``4,16,64``): fewer rows in flight at once, so
 smaller damping of each step (``gpu_local_solver.eso_weights``) but less of the device busy; the
-trade-off between epochs and epoch time, measured.
+trade-off between epochs and epoch time, measured. Every GPU run of a dual also reports
+``epoch_s`` (its wall time per round), ``gamma_median`` (the median aggregation step of the
+line search: well above 1 means the epochs' steps were damped more than they needed) and
+``eso_step_ratio``: the mean over rows of (λN + Σ_j β_j x_ij²) / (λN + ||x_i||²), by how much
+the damping shrinks a row's quadratic coefficient at that concurrency (1 without damping).
 
 ``python -m tests.benchmarks gpu_scd`` (or ``python -m tests.benchmarks.bench_gpu_scd``). Without
 a usable GPU ``main()`` prints why and returns ``{"skipped": reason}``; run as a script it exits
@@ -40,6 +44,8 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
+
 ROWS = int(os.environ.get("TERASCALE_BENCH_GPU_ROWS", "2000000"))
 L2 = 1e-4
 EPS = float(os.environ.get("TERASCALE_BENCH_GPU_EPS", "1e-4"))
@@ -47,7 +53,7 @@ MAX_ROUNDS = int(os.environ.get("TERASCALE_BENCH_GPU_MAX_ROUNDS", "300"))
 WARMUP_ROWS = int(os.environ.get("TERASCALE_BENCH_GPU_WARMUP_ROWS", "2000"))
 CPU_CAP_S = float(os.environ.get("TERASCALE_BENCH_GPU_CPU_CAP_S", "0"))
 PROBLEMS = (("logistic", "dual"), ("squared", "dual"), ("squared", "primal"))
-GRID_DIVISORS = tuple(int(d) for d in os.environ.get("TERASCALE_BENCH_GPU_GRID_DIVISORS", "4,16").split(",") if d)
+GRID_DIVISORS = tuple(int(d) for d in os.environ.get("TERASCALE_BENCH_GPU_GRID_DIVISORS", "4,16,64").split(",") if d)
 
 
 def _time_to_gap(result, eps: float) -> tuple[float | None, int | None]:
@@ -109,9 +115,28 @@ def _run(data, loss: str, formulation: str, solver: str, blocks: int | None = No
            "epochs_to_gap": epochs, "wall_s": wall, "final_gap": res.gap, "rounds": res.rounds,
            "primal": res.primal}
     if made:  # host<->device bytes, set-up (the data) included; per round: 16 x shared_len + 48
-        out["pcie"] = {**made[0].solver.traffic(), "shared_bytes": 8 * made[0].shared_len}
-        out["blocks"], out["concurrency"] = made[0].solver.blocks, getattr(made[0].solver, "concurrency", None)
+        solver = made[0].solver
+        out["pcie"] = {**solver.traffic(), "shared_bytes": 8 * made[0].shared_len}
+        out["blocks"], out["concurrency"] = solver.blocks, getattr(solver, "concurrency", None)
+        out["epoch_s"] = wall / max(res.rounds, 1)
+        gammas = [row["gamma"] for row in res.history if row.get("gamma") is not None]
+        out["gamma_median"] = float(np.median(gammas)) if gammas else None
+        if formulation == "dual":
+            out["eso_step_ratio"] = eso_step_ratio(data, solver)
     return out
+
+
+def eso_step_ratio(data, solver) -> float:
+    """Mean over rows of (λN + v_i) / (λN + ||x_i||²): v_i the damped quadratic coefficient the
+    dual solver uses (``sqn`` on the device), ||x_i||² the undamped one (constant included)."""
+    damped = np.empty(solver.sqn.shape[0])
+    solver.dev.download(solver.sqn, damped)  # after the run's traffic was recorded
+    damped = damped[: data.n_rows]
+    sq = np.asarray(data.values, np.float64) ** 2
+    plain = np.add.reduceat(sq, data.indptr[:-1].astype(np.int64)) if data.nnz else np.zeros(data.n_rows)
+    plain[np.diff(data.indptr) == 0] = 0.0
+    plain += solver.bias_scale ** 2
+    return float(np.mean((solver.lam_n + damped) / (solver.lam_n + plain)))
 
 
 def ratios(run: dict, ref: dict, name: str) -> dict[str, float | None]:
