@@ -196,8 +196,10 @@ class _CollectiveRun:
             poll_s=poll_s,
             name=name,
         )
-        down.start()
+        writers = ([self._up_writer] if self._up_writer is not None else []) + self._down_writers
         try:
+            for t in (*self._readers, *writers, down):
+                t.start()
             for i in range(self.plan.nchunks):
                 # chunk i - W came down: one release per chunk received, one taken per chunk sent from W on
                 if self._window and i >= self._window and not _acquire(self._received, self._failure, _POLL_S):
@@ -217,8 +219,7 @@ class _CollectiveRun:
             down.join()
             for r in self._readers:
                 r.join()
-            writers = [self._up_writer] if self._up_writer is not None else []
-            for w in writers + self._down_writers:
+            for w in writers:
                 w.close()
 
     def up_chunk(self, i: int) -> None:
@@ -349,7 +350,8 @@ class _DownwardFlow:
             self._summed.release(self._nchunks)
 
     def join(self) -> None:
-        self._thread.join()
+        if self._thread.ident is not None:  # started
+            self._thread.join()
 
     def _may_send(self) -> bool:
         """Wait until the next chunk may go down; False if the collective failed meanwhile."""

@@ -6,7 +6,9 @@ lock, so sealing chunk k+1 overlaps the socket write of chunk k). ``_Reader`` re
 source link's frames on its own thread, in order, into a few reused buffers, so the receive and
 the verification and decryption of chunk k+1 overlap the adding of chunk k on the collective's
 thread. Both hand their errors to the collective's ``_Failure``; a thread waiting on one of
-them stops (``_Stopped``) as soon as that holds any error.
+them stops (``_Stopped``) as soon as that holds any error. Their threads start only with
+:meth:`start`, inside the collective's error handling, so a failure to start one is the
+collective's failure and the ones already started are joined.
 
 A frame is used only after :meth:`Channel.recv_data_into` returned, i.e. after its tag was
 verified; a reader hands out a buffer only then, and a buffer goes back to the reader only when
@@ -58,6 +60,8 @@ class _Writer:
             self._free.put(i)
         self._todo: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"send-{chan.who}", daemon=True)
+
+    def start(self) -> None:
         self._thread.start()
 
     def slot(self) -> int:
@@ -80,6 +84,9 @@ class _Writer:
             raise _Stopped()
 
     def close(self) -> None:
+        """Stop the thread (after the frames already submitted); nothing if it never started."""
+        if self._thread.ident is None:
+            return
         self._todo.put(None)
         self._thread.join(timeout=5.0)
 
@@ -137,6 +144,8 @@ class _Reader:
         self._ready: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._next = 0  # the frame the next take() returns
         self._thread = threading.Thread(target=self._run, name=f"recv-{chan.who}", daemon=True)
+
+    def start(self) -> None:
         self._thread.start()
 
     def take(self) -> tuple[int, np.ndarray]:
@@ -158,8 +167,10 @@ class _Reader:
 
     def join(self) -> None:
         """Wait for the thread: it ends after its last frame, or soon after a failure (a link
-        shut down wakes a blocked receive; a wait for a free buffer checks the failure)."""
-        self._thread.join()
+        shut down wakes a blocked receive; a wait for a free buffer checks the failure); nothing
+        if it never started."""
+        if self._thread.ident is not None:
+            self._thread.join()
 
     def _run(self) -> None:
         for m in self._sizes:

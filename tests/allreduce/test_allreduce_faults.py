@@ -117,6 +117,37 @@ def test_exception_in_one_rank_aborts_the_others_promptly(cipher):
     assert "loss is NaN" in str(run.errors[1])
 
 
+def test_a_link_thread_that_cannot_start_fails_the_collective_and_leaves_no_thread(monkeypatch):
+    """The root's second reader thread cannot start (as when the process is out of threads):
+    the collective fails on every rank, the node is unusable, and the reader and writer
+    threads that did start are joined (none keeps reading the child's frames)."""
+    from terascale.allreduce import link_threads
+
+    real_start = link_threads._Reader.start
+
+    def start(self):
+        if self._chan.rank == 2:  # the link's peer: the root's second child
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(link_threads._Reader, "start", start)
+    before = set(threading.enumerate())
+
+    def body(node):
+        try:
+            node.allreduce(np.ones(N_MULTI, dtype=np.float32))
+        finally:
+            if node.rank == 0:
+                with pytest.raises(AllreduceError, match="unusable"):
+                    node.allreduce(np.ones(4, dtype=np.float32))
+
+    run = run_tree(3, body, node_kwargs={"io_timeout_s": 10.0}, check=False)
+    assert isinstance(run.errors[0], RuntimeError) and "can't start" in str(run.errors[0])
+    for r in (1, 2):
+        assert isinstance(run.errors[r], PeerLost), (r, repr(run.errors[r]))
+    _wait_until(lambda: not set(threading.enumerate()) - before)
+
+
 def test_node_is_unusable_after_a_failure():
     def body(node):
         if node.rank == 1:
