@@ -22,8 +22,9 @@ stops at the end of its round and reports ``capped`` (its seconds, epochs and ga
 instead of a time to the gap; its speed-up figures become lower bounds (``*_at_least``). 0 (the
 default): no cap. The GPU run is never capped (a cap reads its state back every round).
 
-The dual problems also run TPA-SCD on fewer blocks, ``gpu_blocks_<n>`` for n = the blocks the
-device holds at once (``resident_blocks``) divided by each of ``GRID_DIVISORS`` (env
+The dual problems also run TPA-SCD on fewer blocks, ``gpu_blocks_<n>`` for n = the blocks of the
+full run's size the device holds at once (``resident_blocks``) divided by each of
+``GRID_DIVISORS`` (env
 ``TERASCALE_BENCH_GPU_GRID_DIVISORS``, default ``4,16,64``): fewer rows in flight at once, so
 smaller damping of each step (``gpu_local_solver.eso_weights``) but less of the device busy; the
 trade-off between epochs and epoch time, measured. Every GPU run of a dual also reports
@@ -118,6 +119,7 @@ def _run(data, loss: str, formulation: str, solver: str, blocks: int | None = No
         solver = made[0].solver
         out["pcie"] = {**solver.traffic(), "shared_bytes": 8 * made[0].shared_len}
         out["blocks"], out["concurrency"] = solver.blocks, getattr(solver, "concurrency", None)
+        out["threads_per_block"] = solver.tpb
         out["epoch_s"] = wall / max(res.rounds, 1)
         gammas = [row["gamma"] for row in res.history if row.get("gamma") is not None]
         out["gamma_median"] = float(np.median(gammas)) if gammas else None
@@ -188,7 +190,8 @@ def main() -> dict:
     for loss, formulation in PROBLEMS:
         runs = {s: _run(data, loss, formulation, s) for s in ("cpu_seq", "cpu_threads", "gpu")}
         if formulation == "dual":
-            for n in sorted({max(1, resident_blocks(256) // d) for d in GRID_DIVISORS}, reverse=True):
+            resident = resident_blocks(runs["gpu"]["threads_per_block"])
+            for n in sorted({max(1, resident // d) for d in GRID_DIVISORS}, reverse=True):
                 runs[f"gpu_blocks_{n}"] = _run(data, loss, formulation, "gpu", blocks=n)
         for name, r in runs.items():
             r.update(ratios(r, runs["cpu_seq"], "seq"))
