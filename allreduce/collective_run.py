@@ -27,8 +27,8 @@ and down the tree (about 2·depth + 1) or it idles the links.
 Threading: not pipelined, the calling thread runs every chunk up, then every chunk down.
 Pipelined (several chunks), the calling thread runs the upward flow while a
 ``_DownwardFlow`` thread runs the downward one (at the root, chunk ``i`` goes down only once
-it is summed), and with ``overlap`` one ``_Writer`` thread per outgoing link sends sealed
-frames in order while the next chunk is sealed, and one ``_Reader`` thread per child whose
+it is summed), and with ``overlap`` one ``_Writer`` per outgoing link seals and sends the
+frames in order on two threads of its own, and one ``_Reader`` thread per child whose
 chunks are added here receives and opens them while the calling thread adds the chunk before
 (:mod:`allreduce.link_threads`). Every thread of a call is joined before the
 call returns; errors from any of them go to ``_Failure`` and the caller raises the first one.
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .channel import Channel
-from .link_threads import _POLL_S, _Reader, _Writer
+from .link_threads import _POLL_S, _Failure, _Reader, _Writer
 from .protocol import MsgType
 
 _UP = {4: MsgType.UP_F32, 8: MsgType.UP_F64}
@@ -106,32 +106,6 @@ class _Plan:
     @property
     def nchunks(self) -> int:
         return len(self.bounds)
-
-
-class _Failure:
-    """The errors of one collective's threads (the calling thread, the downward flow, the
-    writers). The first one recorded is the one raised, and it calls ``on_first`` (which aborts
-    the links, waking every thread blocked on them)."""
-
-    def __init__(self, on_first: Callable[[BaseException], None]) -> None:
-        self._on_first = on_first
-        self._lock = threading.Lock()
-        self._errors: list[BaseException] = []
-
-    @property
-    def failed(self) -> bool:
-        return bool(self._errors)
-
-    def record(self, exc: BaseException) -> None:
-        with self._lock:
-            first = not self._errors
-            self._errors.append(exc)
-        if first:
-            self._on_first(exc)
-
-    def raise_first(self) -> None:
-        if self._errors:
-            raise self._errors[0]
 
 
 class _CollectiveRun:

@@ -1,12 +1,13 @@
 """The threads that move one link's data frames during a pipelined collective.
 
-``_Writer`` sends one outgoing link's frames from its own thread, in order, while the thread
-that produces them seals the next one (:meth:`Channel.seal_data` takes only the link's sequence
-lock, so sealing chunk k+1 overlaps the socket write of chunk k). ``_Reader`` receives one
-source link's frames on its own thread, in order, into a few reused buffers, so the receive and
-the verification and decryption of chunk k+1 overlap the adding of chunk k on the collective's
-thread. Both hand their errors to the collective's ``_Failure``; a thread waiting on one of
-them stops (``_Stopped``) as soon as that holds any error. Their threads start only with
+``_Writer`` seals and sends one outgoing link's frames, in order, on a sealer and a sender
+thread (:meth:`Channel.seal_data` takes only the link's sequence lock, so sealing chunk k+1
+overlaps the socket write of chunk k, and the collective's thread only fills buffers).
+``_Reader`` receives one source link's frames on its own thread, in order, into a few reused
+buffers, so the receive and the verification and decryption of chunk k+1 overlap the adding of
+chunk k on the collective's thread. Both hand their errors to the collective's ``_Failure`` (the
+first error of any of its threads is the one raised); a thread waiting on one of them stops
+(``_Stopped``) as soon as that holds any error. Their threads start only with
 :meth:`start`, inside the collective's error handling, so a failure to start one is the
 collective's failure and the ones already started are joined.
 
@@ -20,8 +21,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -29,10 +30,33 @@ from .channel import Channel
 from .errors import PeerLost
 from .protocol import MsgType
 
-if TYPE_CHECKING:
-    from .collective_run import _Failure
-
 _POLL_S = 0.05  # how often a thread waiting on another thread of the collective checks for a failure
+
+
+class _Failure:
+    """The errors of one collective's threads (the calling thread, the downward flow, the
+    writers). The first one recorded is the one raised, and it calls ``on_first`` (which aborts
+    the links, waking every thread blocked on them)."""
+
+    def __init__(self, on_first: Callable[[BaseException], None]) -> None:
+        self._on_first = on_first
+        self._lock = threading.Lock()
+        self._errors: list[BaseException] = []
+
+    @property
+    def failed(self) -> bool:
+        return bool(self._errors)
+
+    def record(self, exc: BaseException) -> None:
+        with self._lock:
+            first = not self._errors
+            self._errors.append(exc)
+        if first:
+            self._on_first(exc)
+
+    def raise_first(self) -> None:
+        if self._errors:
+            raise self._errors[0]
 
 
 class _Stopped(Exception):
@@ -40,15 +64,18 @@ class _Stopped(Exception):
 
 
 class _Writer:
-    """Sends one link's sealed data frames from its own thread, in order.
+    """Seals and sends one link's data frames, in order, on two threads of its own.
 
-    The collective's thread seals chunk k+1 (:meth:`Channel.seal_data`, into one of
-    ``DEPTH`` reused buffers) while this thread has chunk k on the wire. A send error is
-    recorded in ``failure`` (which aborts the collective); a waiting caller stops once
-    ``failure`` holds any error.
+    The collective's thread fills one of ``DEPTH`` reused buffers and submits it; the sealer
+    thread seals it (:meth:`Channel.seal_data`, into the slot's ciphertext buffer) while the
+    sender thread has the frame before it on the wire (:meth:`Channel.send_sealed`), and the
+    slot is free again once its frame is sent. So filling chunk k+2, sealing chunk k+1 and
+    sending chunk k overlap, and the links of a node (its parent's, its children's) seal in
+    parallel. A seal or send error is recorded in ``failure`` (which aborts the collective); a
+    caller waiting for a slot stops once ``failure`` holds any error.
     """
 
-    DEPTH = 2
+    DEPTH = 3
     ABORT_GRACE_S = 0.25
 
     def __init__(self, chan: Channel, buffers: list[Any], failure: _Failure) -> None:
@@ -58,41 +85,66 @@ class _Writer:
         self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
         for i in range(self.DEPTH):
             self._free.put(i)
-        self._todo: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=f"send-{chan.who}", daemon=True)
+        self._to_seal: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._to_send: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._sealer = threading.Thread(target=self._seal_loop, name=f"seal-{chan.who}", daemon=True)
+        self._sender = threading.Thread(target=self._send_loop, name=f"send-{chan.who}", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        self._sender.start()
+        self._sealer.start()
 
     def slot(self) -> int:
         """A buffer slot whose previous frame has been sent (waits for one)."""
         while True:
             try:
-                return self._free.get(timeout=0.05)
+                return self._free.get(timeout=_POLL_S)
             except queue.Empty:
                 if self._failure.failed:
                     raise _Stopped() from None
 
     def submit(self, slot: int, msg_type: MsgType, view: memoryview) -> None:
-        self._todo.put((slot, self._chan.seal_data(msg_type, view, self._bufs[slot])))
+        """Seal and send ``view`` (unchanged until its slot is free again) as the next frame."""
+        self._to_seal.put((slot, msg_type, view))
 
     def finish(self) -> None:
         """Wait until every submitted frame is sent."""
-        self._todo.put(None)
-        self._thread.join()
+        self._to_seal.put(None)
+        self._sealer.join()
+        self._sender.join()
         if self._failure.failed:
             raise _Stopped()
 
     def close(self) -> None:
-        """Stop the thread (after the frames already submitted); nothing if it never started."""
-        if self._thread.ident is None:
+        """Stop the threads (after the frames already submitted); nothing if they never started."""
+        if self._sealer.ident is None and self._sender.ident is None:
             return
-        self._todo.put(None)
-        self._thread.join(timeout=5.0)
+        self._to_seal.put(None)
+        if self._sealer.ident is None:
+            self._to_send.put(None)
+        for t in (self._sealer, self._sender):
+            if t.ident is not None:
+                t.join(timeout=5.0)
 
-    def _run(self) -> None:
+    def _seal_loop(self) -> None:
+        try:
+            while True:
+                item = self._to_seal.get()
+                if item is None or self._failure.failed:
+                    return
+                slot, msg_type, view = item
+                try:
+                    frame = self._chan.seal_data(msg_type, view, self._bufs[slot])
+                except BaseException as exc:  # noqa: BLE001 - handed to the collective
+                    self._failure.record(exc)
+                    return
+                self._to_send.put((slot, frame))
+        finally:
+            self._to_send.put(None)  # the sender stops after the frames sealed so far
+
+    def _send_loop(self) -> None:
         while True:
-            item = self._todo.get()
+            item = self._to_send.get()
             if item is None:
                 return
             slot, frame = item

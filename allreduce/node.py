@@ -5,8 +5,9 @@ child's partial sum (children in fixed order: ``2r+1`` then ``2r+2``), adds it t
 chunk and sends the result to its parent; the root's sum then flows down the tree chunk by
 chunk. Reduce and broadcast are pipelined: a helper thread carries the downward flow, so the
 reduction of chunk ``i+1`` overlaps the transfer of chunk ``i`` down the tree. With
-``overlap`` (the default) every outgoing link also has a writer thread: chunk ``k+1`` is sealed
-(encrypted, with ``aes-gcm``) while chunk ``k`` is on the wire; and every child whose chunks
+``overlap`` (the default) every outgoing link also has a writer (a sealer and a sender thread):
+chunk ``k+1`` is sealed (encrypted, with ``aes-gcm``) while chunk ``k`` is on the wire, and the
+links seal in parallel; and every child whose chunks
 are added here has a reader thread, which receives and decrypts chunk ``k+1`` while chunk ``k``
 is added (:mod:`allreduce.link_threads`). Frames are
 received into reused buffers and decrypted straight into the result or a scratch chunk; a chunk
@@ -69,10 +70,10 @@ from . import ciphers, endpoints
 from . import protocol as proto
 from .channel import Channel, open_listener
 from .client import ServerSession
-from .collective_run import _CollectiveRun, _Failure, _OutputPool, _Plan
+from .collective_run import _CollectiveRun, _OutputPool, _Plan
 from .communicator import CallStats, Communicator, wire_array
 from .errors import AllreduceError, PeerAborted
-from .link_threads import _Reader, _Writer
+from .link_threads import _Failure, _Reader, _Writer
 from .topology import Placement, depth, path_to_root
 from .tree_links import _child_acceptor, _Children, _link, _LinkSettings
 
@@ -435,11 +436,11 @@ class TreeNode(Communicator):
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """The collective's reused chunk buffers: (those the children's partial sums added here
         are received into: one per child, or ``_Reader.DEPTH`` per child when readers receive
-        them; the ones a chunk going up is built in). Pipelined, a chunk going up is built in one of
-        two alternating targets, as a writer may still be sending the previous one from the
-        other."""
+        them; the ones a chunk going up is built in). Pipelined, a chunk going up is built in the
+        target of the up writer's free slot (``_Writer.DEPTH`` of them), as the writer may still be
+        sealing or sending the chunks before it from the others."""
         n_scratch = (plan.n_sources * (_Reader.DEPTH if self._reads(plan) else 1)) if plan.own else 0
-        n_targets = 2 if plan.pipelined else 1
+        n_targets = _Writer.DEPTH if plan.pipelined else 1
         if not n_scratch and plan.root:
             return [], []
         bufs = self._buffers(dtype, plan.frame_items, n_scratch + n_targets)
@@ -465,7 +466,7 @@ class TreeNode(Communicator):
     def _writers(
         self, plan: _Plan, itemsize: int, failure: _Failure
     ) -> tuple[_Writer | None, list[_Writer]]:
-        """With ``overlap``, a pipelined collective's writer threads: (the parent's link's, the
+        """With ``overlap``, a pipelined collective's writers: (the parent's link's, the
         children's links'), so chunk k+1 is sealed (encrypted) while chunk k is on the wire."""
         if not (plan.pipelined and self._overlap):
             return None, []
