@@ -32,6 +32,7 @@ from terascale.pipeline.sampling import (
     model_recalibration,
     score_transform,
 )
+from terascale.pipeline.spark_settle import collect_settled
 from terascale.pipeline.verify import catching, raise_bad_files, read_row_groups
 from terascale.solvers.catalogue import loss_spec
 from terascale.solvers.regpath import effective_l2, effective_penalty
@@ -228,14 +229,13 @@ def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, 
             yield {"task": i, "path": path, "rows": csr.n_rows}
 
     sc = spark.sparkContext
-    sc.setJobDescription(redact_text(f"terascale predict: {data_dir} -> {out}"))
-    try:
-        results = raise_bad_files(sc.parallelize(groups, len(groups)).mapPartitionsWithIndex(catching(task)).collect())
+    try:  # every attempt has ended when it returns: no loser writes into the staging area later
+        results = raise_bad_files(collect_settled(
+            sc, sc.parallelize(groups, len(groups)).mapPartitionsWithIndex(catching(task)),
+            redact_text(f"terascale predict: {data_dir} -> {out}")))
     except Exception:
         fsutil.delete(root)
         raise
-    finally:
-        sc.setJobDescription(None)
     try:
         files = []
         for r in sorted(results, key=lambda r: r["task"]):

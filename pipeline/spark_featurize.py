@@ -35,6 +35,7 @@ from terascale.pipeline.manifest import MANIFEST, QUARANTINE_DIR, build_manifest
 from terascale.pipeline.plan import assign, output_files, plan_ranges
 from terascale.pipeline.redact import redact_text
 from terascale.pipeline.spark_errors import spark_error_summary as task_error_summary
+from terascale.pipeline.spark_settle import collect_settled
 from terascale.pipeline.spec import FeatureSpec
 
 log = logging.getLogger("terascale.featurize")
@@ -170,17 +171,15 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
                 time.sleep(slow_s)  # chaos drill: a straggler whose output is complete
             yield result
 
-    sc.setJobDescription(redact_text(f"terascale featurize: {len(files)} files -> {out}"))
-    try:
-        results = sc.parallelize(payload, len(payload)).mapPartitionsWithIndex(task_fn).collect()
+    try:  # every attempt has ended when it returns: no loser writes into the staging area later
+        results = collect_settled(sc, sc.parallelize(payload, len(payload)).mapPartitionsWithIndex(task_fn),
+                                  redact_text(f"terascale featurize: {len(files)} files -> {out}"))
     except Exception as e:  # noqa: BLE001 - Spark wraps task errors in Py4J/Spark exceptions
         fsutil.delete(root)
         msg = _malformed_message(e)
         if msg is not None:
             raise FeaturizeError(msg) from None
         raise FeaturizeError(f"featurize failed: {task_error_summary(e)}") from e
-    finally:
-        sc.setJobDescription(None)
     times = task_times(results)  # the bench reads the record's task_times
     log.info("featurize: %s", format_task_times(times), extra={"task_times": times})
     try:

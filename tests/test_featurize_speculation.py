@@ -38,9 +38,10 @@ def _rows(out: Path, manifest: dict) -> Counter:
 
 
 def _attempts(events_dir: Path, output: str) -> list[dict]:
-    """Task attempts (index, attempt, speculative, host, end reason) of the job writing ``output``."""
+    """Task attempts (index, attempt, speculative, host, end reason, end time in epoch seconds)
+    of the job writing ``output``."""
     (log,) = list(events_dir.iterdir())
-    jobs, starts, ends = {}, [], {}
+    jobs, starts, ends, finished = {}, [], {}, {}
     for line in log.read_text().splitlines():
         e = json.loads(line)
         if e["Event"] == "SparkListenerJobStart":
@@ -49,9 +50,10 @@ def _attempts(events_dir: Path, output: str) -> list[dict]:
             starts.append((e["Stage ID"], e["Task Info"]))
         elif e["Event"] == "SparkListenerTaskEnd":
             ends[e["Task Info"]["Task ID"]] = e["Task End Reason"]["Reason"]
+            finished[e["Task Info"]["Task ID"]] = e["Task Info"]["Finish Time"] / 1000.0
     stages = {s for desc, ids in jobs.values() if desc.endswith(f"-> {output}") for s in ids}
     return [{"index": t["Index"], "attempt": t["Attempt"], "speculative": t["Speculative"], "host": t["Host"],
-             "end": ends.get(t["Task ID"])} for s, t in starts if s in stages]
+             "end": ends.get(t["Task ID"]), "finished": finished.get(t["Task ID"])} for s, t in starts if s in stages]
 
 
 def test_a_speculative_copy_neither_duplicates_nor_loses_rows(spark, tmp_path):
@@ -80,6 +82,10 @@ def test_a_speculative_copy_neither_duplicates_nor_loses_rows(spark, tmp_path):
     assert [(t["index"], t["attempt"], t["end"]) for t in copies] == [(1, 1, "Success")]
     first = next(t for t in tasks if (t["index"], t["attempt"]) == (1, 0))
     assert first["host"] != copies[0]["host"] and first["end"] != "Success"
+    # the job committed only once the beaten attempt had ended (Spark returns the job's result
+    # first and kills the loser after): nothing wrote into the staging area after the commit
+    assert first["finished"] is not None
+    assert first["finished"] <= os.path.getmtime(work / "spec" / "_manifest.json") + 0.001
 
     # per input file: lines in = rows written + rows quarantined; the same counts as undisturbed
     for m in (ref, spec):
