@@ -4,6 +4,7 @@ beside it."""
 from __future__ import annotations
 
 import json
+import os
 
 from tests.benchmarks import bench_gpu_concurrency as bench
 
@@ -25,7 +26,7 @@ def test_the_sweep_runs_every_tau_damped_and_not_on_tiny_data(monkeypatch):
             assert r["epochs_to_gap"] is None or r["final_gap_over_p0"] <= 1e-2
 
 
-def test_the_device_epochs_come_from_the_latest_run_that_has_them(tmp_path, monkeypatch):
+def test_the_device_epochs_come_from_the_newest_run_that_has_them(tmp_path, monkeypatch):
     def write(name, problems):
         (tmp_path / name).mkdir()
         (tmp_path / name / "gpu_scd.json").write_text(json.dumps({"device": name, "problems": problems}))
@@ -33,11 +34,13 @@ def test_the_device_epochs_come_from_the_latest_run_that_has_them(tmp_path, monk
     def dual(gpu, seq):
         return {"gpu": {"epochs_to_gap": gpu, "concurrency": 4224}, "cpu_seq": {"epochs_to_gap": seq}}
 
-    write("h100-a", {"squared_dual": dual(124, 4), "logistic_dual": dual(26, 3)})
-    write("h100-b", {"squared_dual": dual(None, 4)})  # newer, but it never reached the gap
+    write("h100-b", {"squared_dual": dual(124, 4), "logistic_dual": dual(26, 3)})
+    write("h100-a", {"squared_dual": dual(None, 4)})  # newer, but it never reached the gap
+    os.utime(tmp_path / "h100-b" / "gpu_scd.json", (1_000_000, 1_000_000))
+    os.utime(tmp_path / "h100-a" / "gpu_scd.json", (2_000_000, 2_000_000))
     monkeypatch.setattr(bench, "DEVICE_RESULTS", tmp_path)
     got = bench.device_epochs()
-    assert got["run"] == "h100-a" and got["squared"]["epochs_to_gap"] == 124
+    assert got["run"] == "h100-b" and got["squared"]["epochs_to_gap"] == 124
     assert got["logistic"] == {"epochs_to_gap": 26, "cpu_seq_epochs": 3, "concurrency": 4224}
     monkeypatch.setattr(bench, "DEVICE_RESULTS", tmp_path / "none")
     assert bench.device_epochs() == {}

@@ -10,8 +10,9 @@ epoch costs on the device is the device benchmark's (``bench_gpu_scd``) to say.
 Data and problems as ``bench_gpu_scd``: the generated click logs (2^20 features), ``ROWS`` rows
 (env ``TERASCALE_BENCH_CONC_ROWS``, default 2M), λ = 1e-4, the duality gap ``EPS`` * P(0), ridge
 and logistic in the dual, one rank. τ (env ``TERASCALE_BENCH_CONC_TAUS``, default
-``1,66,264,1056,4224``): 4224 is what an H100 holds of the 64-thread blocks this data gets (132
-SMs x 32), and the others are it / 4, / 16 and / 64, the device benchmark's sweep. Each τ runs
+``1,8,16,32,66,264,1056,4224``): 4224 is what an H100 holds of the 64-thread blocks this data
+gets (132 SMs x 32), 1056, 264 and 66 are it / 4, / 16 and / 64 (the device benchmark's sweep),
+and 8 to 32 show where the epochs part from the sequential solver's. Each τ runs
 damped (the GPU solver's step) and undamped (the step of the sequential solver), the undamped
 runs capped at ``UNDAMPED_ROUNDS`` rounds. Figures per run: rounds (= epochs) to the gap, the
 final gap / P(0), the median line-search step, and the ratio of epochs to τ = 1's.
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 ROWS = int(os.environ.get("TERASCALE_BENCH_CONC_ROWS", "2000000"))
-TAUS = tuple(int(t) for t in os.environ.get("TERASCALE_BENCH_CONC_TAUS", "1,66,264,1056,4224").split(",") if t)
+TAUS = tuple(int(t) for t in os.environ.get("TERASCALE_BENCH_CONC_TAUS", "1,8,16,32,66,264,1056,4224").split(",") if t)
 L2 = 1e-4
 EPS = float(os.environ.get("TERASCALE_BENCH_CONC_EPS", "1e-4"))
 MAX_ROUNDS = int(os.environ.get("TERASCALE_BENCH_CONC_MAX_ROUNDS", "400"))
@@ -64,8 +65,9 @@ def _run(data, loss: str, tau: int, damped: bool) -> dict[str, Any]:
 
 
 def device_epochs() -> dict[str, Any]:
-    """Epochs to the gap of the latest device run at full concurrency, per dual problem."""
-    runs = sorted(DEVICE_RESULTS.glob("*/gpu_scd.json"), key=lambda p: p.parent.name)
+    """Epochs to the gap of the latest device run (by file time) at full concurrency, per dual
+    problem."""
+    runs = sorted(DEVICE_RESULTS.glob("*/gpu_scd.json"), key=lambda p: p.stat().st_mtime)
     for path in reversed(runs):
         try:
             js = json.loads(path.read_text())
@@ -99,7 +101,7 @@ def main() -> dict:
                 runs.append(r)
                 print(f"  {loss} dual, tau {tau}, {'damped' if damped else 'undamped'}: "
                       f"{r['epochs_to_gap']} epochs to the gap ({r['seconds']:.0f} s)", flush=True)
-        base = next(r["epochs_to_gap"] for r in runs if r["tau"] == 1)
+        base = next((r["epochs_to_gap"] for r in runs if r["tau"] == 1), None)
         for r in runs:
             r["epochs_vs_sequential"] = r["epochs_to_gap"] / base if r["epochs_to_gap"] and base else None
         out["problems"][f"{loss}_dual"] = runs

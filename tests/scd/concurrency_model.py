@@ -29,6 +29,21 @@ from terascale.solvers.scd.losses import dual_step
 
 
 @njit(cache=True)
+def damped_row_sq_norms(indptr, indices, values, beta, bias_beta, bias_scale):
+    """v_i = bias_beta s² + Σ_j beta_j x_ij² of every row, summed in the order of
+    ``gpu_kernels.row_sq_norms_kernel`` (beta = 1: ``dual_kernels.row_sq_norms`` exactly)."""
+    n = indptr.shape[0] - 1
+    out = np.empty(n)
+    for i in range(n):
+        acc = bias_beta * bias_scale * bias_scale
+        for k in range(indptr[i], indptr[i + 1]):
+            v = np.float64(values[k])
+            acc += beta[indices[k]] * v * v
+        out[i] = acc
+    return out
+
+
+@njit(cache=True)
 def _add_row(j, coef, indptr, indices, values, u, bias_scale, bias_index):
     for k in range(indptr[j], indptr[j + 1]):
         u[indices[k]] += coef * np.float64(values[k])
@@ -67,15 +82,13 @@ class DelayedDualLocalSolver(DualLocalSolver):
     ``damped``: each row's ||x_i||² becomes the ESO's Σ_j β_j x_ij² for ``tau`` (as on a GPU)."""
 
     def __init__(self, data: CSRData, loss: int, lam: float, n_weight: float, bias_scale: float,
-                 tau: int, damped: bool) -> None:
-        super().__init__(data, loss, lam, n_weight, bias_scale, threads=1)
+                 bucket_size: int, tau: int, damped: bool) -> None:
+        super().__init__(data, loss, lam, n_weight, bias_scale, threads=1, bucket_size=bucket_size)
         self.tau = int(tau)
         if damped and data.n_rows:
             beta, bias_beta = eso_weights(data.indices, data.n_features, data.n_rows, self.tau)
-            sq = np.asarray(data.values, np.float64) ** 2 * beta[data.indices]
-            sums = np.add.reduceat(sq, data.indptr[:-1].astype(np.int64)) if data.nnz else np.zeros(data.n_rows)
-            sums[np.diff(data.indptr) == 0] = 0.0
-            self.sqn = sums + bias_beta * self.bias_scale ** 2
+            self.sqn = damped_row_sq_norms(data.indptr, data.indices, data.values, beta, bias_beta,
+                                           self.bias_scale)
 
     def solve_with_gap(self, alpha, w, sigma, epochs, seed, rank, round_index):
         d = self.d
@@ -94,12 +107,13 @@ class DelayedDualLocalSolver(DualLocalSolver):
 
 
 class DelayedDualProblem(DualProblem):
-    """``DualProblem`` with ``DelayedDualLocalSolver`` epochs."""
+    """``DualProblem`` with ``DelayedDualLocalSolver`` epochs (one thread: ``params.threads`` is
+    not used)."""
 
     def __init__(self, data, comm, params, n_weight, *, tau: int, damped: bool):
         super().__init__(data, comm, params, n_weight)
         self.solver = DelayedDualLocalSolver(data, self.loss, params.l2, n_weight,
-                                             params.bias_scale, tau, damped)
+                                             params.bias_scale, params.bucket_size, tau, damped)
 
 
 def delayed_problem(tau: int, damped: bool):

@@ -13,7 +13,7 @@ from terascale.allreduce.communicator import LocalCommunicator
 from terascale.solvers.data import CSRData
 from terascale.solvers.scd.api import train_cocoa
 from terascale.solvers.scd.params import CocoaParams
-from tests.scd.concurrency_model import delayed_problem
+from tests.scd.concurrency_model import damped_row_sq_norms, delayed_problem
 
 FIELDS, PER_FIELD = 39, 64
 
@@ -87,3 +87,24 @@ def test_the_damping_costs_epochs_as_the_rows_in_flight_grow(data, loss):
         assert res.converged, tau
         epochs.append(res.rounds)
     assert epochs == sorted(epochs) and epochs[-1] > epochs[0], epochs
+
+
+def test_the_damped_norms_are_the_gpu_kernels_and_allow_empty_rows():
+    """v_i = bias_beta s² + Σ_j beta_j x_ij² (rows 0 and 3 empty); with beta = 1 it is the CPU
+    solver's ||x_i||², bit for bit."""
+    from terascale.solvers.scd.dual_kernels import row_sq_norms
+    from terascale.solvers.scd.gpu_local_solver import eso_weights
+
+    indptr = np.array([0, 0, 2, 5, 5], dtype=np.int64)
+    indices = np.array([0, 2, 0, 1, 2], dtype=np.int32)
+    values = np.array([0.3, -1.7, 2.5, 0.1, 0.7], dtype=np.float32)
+    ones = np.ones(3)
+    assert damped_row_sq_norms(indptr, indices, values, ones, 1.0, 0.8).tobytes() == \
+        row_sq_norms(indptr, values, 0.8).tobytes()
+    beta, bias_beta = eso_weights(indices, 3, 4, 3)  # ω = 2, 1, 2 of 4 rows, τ = 3
+    assert beta.tolist() == [1 + 1 * 2 / 3, 1.0, 1 + 1 * 2 / 3] and bias_beta == 3.0
+    v = damped_row_sq_norms(indptr, indices, values, beta, bias_beta, 0.8)
+    x = values.astype(np.float64)
+    assert v[0] == v[3] == pytest.approx(3.0 * 0.64)
+    assert v[1] == pytest.approx(3.0 * 0.64 + beta[0] * x[0] ** 2 + beta[2] * x[1] ** 2)
+    assert v[2] == pytest.approx(3.0 * 0.64 + beta[0] * x[2] ** 2 + x[3] ** 2 + beta[2] * x[4] ** 2)
