@@ -174,6 +174,11 @@ class _Declarations:
     device: str = param("cpu", "cocoa: local solver on cpu, gpu (TPA-SCD; one GPU per task via Spark's "
                         "spark.task.resource.gpu.amount), or auto (the GPU if the task has one, else the CPU)",
                         OneOf(("cpu", "gpu", "auto")))
+    gpu_blocks: int = param(0, "cocoa on a GPU: thread blocks of an epoch, each taking one coordinate (a row of the "
+                            "dual, a column of the primal) at a time; 0 = one block per coordinate, as many at once as "
+                            "the device holds. Fewer blocks put fewer rows in flight: each dual step needs less damping "
+                            "(fewer epochs on data with frequent features, e.g. click logs), at the price of a less busy "
+                            "device (docs/pages/how-to/gpu.md)", Interval(0, 2**31 - 1, integer=True))
     intercept_scale: float = param(1.0, "cocoa: value s of the constant feature that carries the intercept; its "
                                    "coefficient is penalized, so cocoa minimises the objective + lambda/2 (b/s)^2, "
                                    "which tends to the other solvers' objective as s grows (liblinear's bias)",
@@ -191,7 +196,7 @@ PARAM_NAMES: tuple[str, ...] = tuple(f.name for f in PARAMS)
 COMMON = ("solver", "loss", "l2", "l1", "passes", "tol", "seed", "threads")
 ONLINE = ("learning_rate", "shuffle", "invariant", "early_stop_passes")
 LBFGS = ("lbfgs_memory", "lbfgs_newton_steps", "lbfgs_curvature_rows", "lbfgs_coarse", "early_stop_passes")
-COCOA = ("local_epochs", "aggregation", "formulation", "partition", "device", "intercept_scale")
+COCOA = ("local_epochs", "aggregation", "formulation", "partition", "device", "gpu_blocks", "intercept_scale")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def solve_cocoa(run: TrainRun) -> TrainResult:
             raise InvalidInputError(f"train.device = 'gpu' but this task has no usable GPU: {reason}; "
                                     "use train.device=auto to fall back to the CPU solver")
         res = train_cocoa_gpu(run.inputs.train, run.comm, cocoa_params(run.params), on_round_end=on_round,
-                              resume=resume, fallback=True)
+                              resume=resume, fallback=True, blocks=run.params.gpu_blocks or None)
     history = [{**h, "pass": h.get("round", i + 1), "objective": h.get("primal")} for i, h in enumerate(res.history)]
     # f(β, b) of the catalogue's one definition (b unpenalized), the same on every rank
     theta = np.append(np.asarray(res.weights, np.float64), float(res.intercept))

@@ -236,6 +236,25 @@ def _train_case(loss: str, formulation: str, lam: float, max_rounds: int, tol: f
     }
 
 
+def _train_api_blocks() -> dict:
+    """``train.device = gpu`` through the train API, with ``train.gpu_blocks`` 0 (one block per
+    row: the sequential order under the simulator) and 2 (2 blocks looping over the permutation:
+    another order of the same steps), beside the CPU solver."""
+    from terascale.allreduce.communicator import LocalCommunicator
+    from terascale.solvers.api import train
+    from terascale.solvers.params import SolverParams
+    from tests.scd.helpers import make_data
+
+    d = make_data("logistic", n=ROWS, d=COLS, seed=2)
+    out = {}
+    for name, kw in {"cpu": {}, "gpu_all": {"device": "gpu"}, "gpu_2": {"device": "gpu", "gpu_blocks": 2}}.items():
+        res = train(d, LocalCommunicator(), SolverParams(solver="cocoa", loss="logistic", l2=LAM, tol=1e-10,
+                                                         passes=40, seed=5, **kw))
+        out[name] = {"stop": res.stop_reason, "gap": res.history[-1]["gap"],
+                     "primal": res.history[-1]["primal"], "primal_1": res.history[1]["primal"]}
+    return out
+
+
 def _two_ranks(loss: str, formulation: str, empty: int | None) -> dict:
     """K = 2 ranks (TreeNodes in threads), each with its simulated GPU problem, vs K = 1 (CPU)."""
     from terascale.allreduce.communicator import LocalCommunicator
@@ -328,6 +347,7 @@ def _sim_main() -> None:
     timed("same_state", lambda: {name: _same_state(c[0], c[1], c[2]) for name, c in CASES.items()})
     timed("train", lambda: {name: _train_case(*case) for name, case in CASES.items()})
     timed("two_ranks", lambda: {name: _two_ranks(*c) for name, c in TWO_RANKS.items()})
+    timed("train_api_blocks", _train_api_blocks)
     timed("resume", lambda: {"dual_hinge": _resume("hinge", "dual"),
                              "primal_ridge": _resume("squared", "primal")})
     timed("traffic", lambda: {"dual_hinge_40": _traffic("hinge", "dual", 40),
@@ -542,3 +562,15 @@ def test_eso_weights_damp_shared_features_by_the_concurrency():
     assert beta.tolist() == [3.0, 1.0, 1.0, 1.0] and bias == 3.0
     beta, _ = eso_weights(np.array([0, 0, 1], dtype=np.int32), 2, 5, 5)  # ω_0 = 2 of n = 5 rows
     assert beta.tolist() == [1.0 + 1 * 4 / 4, 1.0]
+
+
+def test_the_train_api_passes_gpu_blocks_to_the_device_solver(sim):
+    """train.gpu_blocks reaches TPA-SCD: under the simulator, 2 blocks take the epoch's
+    permutation in another order than one block per row (block 0's rows, then block 1's), so
+    the first round lands elsewhere, and both reach the CPU solver's optimum."""
+    r = sim["train_api_blocks"]
+    assert all(v["stop"] == "converged_gap" for v in r.values()), r
+    assert r["gpu_2"]["primal_1"] != pytest.approx(r["gpu_all"]["primal_1"], rel=1e-9)
+    for v in (r["gpu_all"], r["gpu_2"]):  # P within its gap of P*, on both sides
+        assert abs(v["primal"] - r["cpu"]["primal"]) <= max(v["gap"], r["cpu"]["gap"])
+
