@@ -18,6 +18,7 @@ the collective's thread is done with it.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -29,6 +30,8 @@ import numpy as np
 from .channel import Channel
 from .errors import PeerLost
 from .protocol import MsgType
+
+log = logging.getLogger(__name__)
 
 _POLL_S = 0.05  # how often a thread waiting on another thread of the collective checks for a failure
 
@@ -79,6 +82,8 @@ class _Writer:
     ABORT_GRACE_S = 0.25
 
     def __init__(self, chan: Channel, buffers: list[Any], failure: _Failure) -> None:
+        if len(buffers) != self.DEPTH:
+            raise ValueError(f"a writer needs {self.DEPTH} buffers, got {len(buffers)}")
         self._chan = chan
         self._bufs = buffers
         self._failure = failure
@@ -125,6 +130,8 @@ class _Writer:
         for t in (self._sealer, self._sender):
             if t.ident is not None:
                 t.join(timeout=5.0)
+                if t.is_alive():  # blocked on a link the failure did not wake: it ends with the link
+                    log.warning("%s still running 5 s after its collective ended", t.name)
 
     def _seal_loop(self) -> None:
         try:
