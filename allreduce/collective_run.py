@@ -223,27 +223,21 @@ class _CollectiveRun:
 
     def _sum_into(self, target: np.ndarray, lo: int, hi: int) -> None:
         """``target`` = this node's ``[lo, hi)`` + each child's chunk, in the children's order
-        (the fixed order that makes the sum bit-identical on every rank)."""
-        if self._readers:
-            self._sum_read(target, lo, hi)
-            return
+        (the fixed order that makes the sum bit-identical on every rank). The children's chunks
+        come from their readers (received and verified on the readers' threads while this one
+        added the chunk before), or, without readers, are received here into the scratch chunks."""
         m = hi - lo
-        for j, chan in enumerate(self._sources):
-            chan.recv_data_into(self.plan.up_type, _bytes(self._scratch[j][:m]))
-        t = time.perf_counter()
-        np.add(self._flat[lo:hi], self._scratch[0][:m], out=target)
-        for j in range(1, len(self._sources)):
-            np.add(target, self._scratch[j][:m], out=target)
-        self.add_s += time.perf_counter() - t
-
-    def _sum_read(self, target: np.ndarray, lo: int, hi: int) -> None:
-        """``_sum_into`` with the children's chunks from their readers (received and verified
-        on the readers' threads, meanwhile this thread adds the chunk before)."""
         taken = [r.take() for r in self._readers]
+        if taken:
+            chunks = [chunk for _, chunk in taken]
+        else:
+            chunks = [self._scratch[j][:m] for j in range(len(self._sources))]
+            for chan, chunk in zip(self._sources, chunks, strict=True):
+                chan.recv_data_into(self.plan.up_type, _bytes(chunk))
         try:
             t = time.perf_counter()
-            np.add(self._flat[lo:hi], taken[0][1], out=target)
-            for _, chunk in taken[1:]:
+            np.add(self._flat[lo:hi], chunks[0], out=target)
+            for chunk in chunks[1:]:
                 np.add(target, chunk, out=target)
             self.add_s += time.perf_counter() - t
         finally:

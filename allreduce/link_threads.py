@@ -57,6 +57,16 @@ class _Failure:
         if first:
             self._on_first(exc)
 
+    def take(self, q: queue.SimpleQueue) -> Any:
+        """The next item of ``q``; ``_Stopped`` instead once the collective has failed (checked
+        every ``_POLL_S`` while waiting)."""
+        while True:
+            try:
+                return q.get(timeout=_POLL_S)
+            except queue.Empty:
+                if self.failed:
+                    raise _Stopped() from None
+
     def raise_first(self) -> None:
         if self._errors:
             raise self._errors[0]
@@ -101,12 +111,7 @@ class _Writer:
 
     def slot(self) -> int:
         """A buffer slot whose previous frame has been sent (waits for one)."""
-        while True:
-            try:
-                return self._free.get(timeout=_POLL_S)
-            except queue.Empty:
-                if self._failure.failed:
-                    raise _Stopped() from None
+        return self._failure.take(self._free)
 
     def submit(self, slot: int, msg_type: MsgType, view: memoryview) -> None:
         """Seal and send ``view`` (unchanged until its slot is free again) as the next frame."""
@@ -209,13 +214,7 @@ class _Reader:
 
     def take(self) -> tuple[int, np.ndarray]:
         """(slot, the next frame's items): waits until it is received and verified."""
-        while True:
-            try:
-                slot = self._ready.get(timeout=_POLL_S)
-                break
-            except queue.Empty:
-                if self._failure.failed:
-                    raise _Stopped() from None
+        slot = self._failure.take(self._ready)
         m = self._sizes[self._next]
         self._next += 1
         return slot, self._bufs[slot][:m]
@@ -233,13 +232,10 @@ class _Reader:
 
     def _run(self) -> None:
         for m in self._sizes:
-            while True:
-                try:
-                    slot = self._free.get(timeout=_POLL_S)
-                    break
-                except queue.Empty:
-                    if self._failure.failed:
-                        return
+            try:
+                slot = self._failure.take(self._free)
+            except _Stopped:
+                return
             if self._failure.failed:
                 return
             try:
