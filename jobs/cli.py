@@ -117,9 +117,19 @@ def cmd_generate(args) -> int:
 
 
 def cmd_featurize(args) -> int:
+    sets = list(args.sets)
+    if args.table is not None:
+        sets.append(f"featurize.table={args.table}")
+    if args.where is not None:
+        sets.append(f"featurize.where={args.where}")
+    args.sets = sets
     cfg = _resolve(args)
-    m = featurize(cfg, args.input, args.output)
-    _say(f"featurized {len(m['inputs'])} input files -> {args.output}")
+    if bool(args.input) == bool(cfg.featurize.table):
+        raise UsageError("featurize: give --input files or a catalog table (--table, or featurize.table), not both"
+                         if args.input else "featurize: give --input files, or --table for a catalog table")
+    m = featurize(cfg, args.input or [], args.output)
+    what = f"table {cfg.featurize.table}" if cfg.featurize.table else f"{len(m['inputs'])} input files"
+    _say(f"featurized {what} -> {args.output}")
     print(featurize_summary(m))
     return 0
 
@@ -369,7 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(fn=cmd_generate)
 
     f = sub.add_parser("featurize", help="parse and hash raw click logs into Parquet (on Spark)")
-    f.add_argument("--input", nargs="+", required=True, metavar="PATH", help="files, directories or globs (local, hdfs://, s3://)")
+    f.add_argument("--input", nargs="+", metavar="PATH", help="files, directories or globs (local, hdfs://, s3://)")
+    f.add_argument("--table", metavar="DB.NAME", help="featurize.format=table: a catalog table instead of --input files")
+    f.add_argument("--where", metavar="SQL", help="featurize.format=table: a Spark SQL filter of the rows, e.g. \"dt = '2026-11-27'\"")
     f.add_argument("--output", required=True, metavar="DIR", help="dataset directory (new, empty, or a dataset with --overwrite)")
     _add_overwrite_arg(f, "a dataset", "featurize.overwrite")
     _add_conf_args(f)

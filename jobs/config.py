@@ -25,6 +25,9 @@ from terascale.pipeline.redact import redact, shown
 from terascale.pipeline.sampling import CALIBRATIONS
 from terascale.pipeline.shard_cache import budget_error, minimum_budget_mb
 from terascale.pipeline.spec import MAX_BITS
+from terascale.pipeline.table_sources import INPUT_FORMATS
+from terascale.pipeline.table_spec import Field as TableField
+from terascale.pipeline.table_spec import TableSpec, expand_crosses, parse_fields
 from terascale.solvers.catalogue import PARAMS as SOLVER_PARAMS
 from terascale.solvers.catalogue import loss_spec, solver_spec
 from terascale.solvers.constraints import (  # noqa: F401 - ConfigError and the constraint types are this module's API too
@@ -46,6 +49,26 @@ CRITEO_CAT_FIELDS = tuple(f"C{k}" for k in range(1, 27))
 CRITEO_FIELDS = CRITEO_INT_FIELDS + CRITEO_CAT_FIELDS
 
 
+@dataclass(frozen=True)
+class TableColumns:
+    """``featurize.columns``: a list of field declarations (``pipeline.table_spec``); each is
+    checked as it is read, errors naming ``featurize.columns[i].key``."""
+
+    def ok(self, v: Any) -> bool:
+        return isinstance(v, tuple) and all(isinstance(x, TableField) for x in v)
+
+    def describe(self) -> str:
+        return "a list of fields {name, kind, ...}"
+
+    def parse(self, value: Any, raw: bool) -> Any:
+        if raw and isinstance(value, str):
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError as e:
+                raise ConfigError(f"featurize.columns: must be a YAML list ({_yaml_problem(e)})") from None
+        return parse_fields(value)
+
+
 def section(cls: type, help: str) -> Any:
     return field(default_factory=cls, metadata={"help": help, "section": True})
 
@@ -56,7 +79,8 @@ def section(cls: type, help: str) -> Any:
 
 @dataclass(frozen=True)
 class FeaturizeConf:
-    format: str = param("criteo", "input format: Criteo TSV or LibSVM", OneOf(("criteo", "libsvm")))
+    format: str = param("criteo", "input format: Criteo TSV, LibSVM, or table (any table Spark or pyarrow reads, "
+                        "with the feature specification of featurize.columns)", OneOf(("criteo", "libsvm", "table")))
     bits: int = param(24, "hash space is 2^bits buckets (train indexes them with int32)", Interval(1, MAX_BITS, integer=True))
     seed: int = param(0, "murmur3 seed (mmh3.hash semantics)", Interval(0, 2**32 - 1, integer=True))
     fields: tuple = param(
@@ -73,6 +97,27 @@ class FeaturizeConf:
     libsvm_index_base: int = param(
         1, "LibSVM feature indices start at this number (1 for standard LibSVM files)", OneOf((0, 1))
     )
+    input_format: str = param(
+        "parquet", "format table: the format of the --input files (json = JSON lines)", OneOf(INPUT_FORMATS))
+    table: str = param("", "format table: a catalog table to read instead of --input files (db.name; --table)")
+    where: str = param("", "format table: a Spark SQL filter of the rows to read, e.g. dt = '2026-11-27' (--where)")
+    schema: str = param("", "format table, JSON or CSV input: the columns' types as Spark DDL (site string, price "
+                        "double, segments array<string>); '' = inferred from the first file")
+    csv_header: bool = param(True, "format table, CSV input: the first line names the columns")
+    csv_delimiter: str = param(",", "format table, CSV input: the field separator (\\t for TSV)", Pattern())
+    label: str = param("label", "format table: the label's column (a boolean, or a number: 1 when > 0, 0 when 0 or "
+                       "-1, so 0/1, -1/+1 and click counts work)", Pattern())
+    label_expr: str = param("", "format table: a Spark SQL expression for the label instead of a column (clicks > 0)")
+    weight: str = param("", "format table: a column of row weights (finite, >= 0); '' = every row weighs 1")
+    weight_expr: str = param("", "format table: a Spark SQL expression for the weight instead of a column")
+    columns: tuple = param(
+        (), "format table: the feature fields, each {name, kind: categorical | numeric | multi | map, column or "
+        "expr, bucketing: none | log | boundaries | quantile, boundaries, quantiles, missing: skip | token, "
+        "max_values, overflow: quarantine | truncate, namespace} (docs: Featurize your own logs)", TableColumns())
+    crosses: tuple = param((), "format table: crosses of 2 or 3 fields [[site, app], [site, app, hour]]")
+    cross_all: tuple = param((), "format table: every pair among each list of fields [[site, app, device]] (VW's -q)")
+    max_row_features: int = param(4096, "format table: a row with more tokens is quarantined (too_many_features)",
+                                Interval(1, 1 << 20, integer=True))
     partitions: int = param(
         0, "number of output files; 0 = sized to about target_file_mb each", Interval(0, 100000, integer=True)
     )
@@ -471,6 +516,17 @@ def _cross_checks(cfg: Config) -> None:
                 raise ConfigError(
                     f"featurize.conjunctions[{i}] = {list(pair)!r}: field {name!r} is not in featurize.fields"
                 )
+    if fz.format == "table":
+        if not fz.columns:
+            raise ConfigError("featurize.columns = []: featurize.format = 'table' needs at least one field, "
+                              "e.g. --set 'featurize.columns=[{name: site}, {name: price, kind: numeric}]'")
+        expand_crosses(fz.crosses, fz.cross_all, [f.name for f in fz.columns])
+        if fz.conjunctions:
+            raise ConfigError("featurize.conjunctions: for Criteo TSV; a table spec crosses fields with featurize.crosses")
+    elif fz.columns or fz.crosses or fz.cross_all or fz.table or fz.where:
+        key = next(k for k, v in (("columns", fz.columns), ("crosses", fz.crosses), ("cross_all", fz.cross_all),
+                                  ("table", fz.table), ("where", fz.where)) if v)
+        raise ConfigError(f"featurize.{key}: only for featurize.format = 'table' (got {fz.format!r})")
     if fz.token_dictionary and fz.format != "criteo":
         raise ConfigError(f"featurize.token_dictionary = true: needs featurize.format = 'criteo' (got {fz.format!r}); "
                           "LibSVM features are already named by their index")
@@ -573,6 +629,12 @@ def feature_spec(cfg: Config):
     from terascale.pipeline.spec import FeatureSpec
 
     f = cfg.featurize
+    if f.format == "table":
+        t = TableSpec(fields=tuple(f.columns), crosses=expand_crosses(f.crosses, f.cross_all, [x.name for x in f.columns]),
+                      label=f.label, label_expr=f.label_expr, weight=f.weight, weight_expr=f.weight_expr,
+                      max_row_features=f.max_row_features)
+        return FeatureSpec(format="table", bits=f.bits, seed=f.seed, fields=(), int_bucketing="log_squared",
+                           conjunctions=(), libsvm_index_base=1, table=t)
     return FeatureSpec(
         format=f.format, bits=f.bits, seed=f.seed, fields=tuple(f.fields), int_bucketing=f.int_bucketing,
         conjunctions=tuple(tuple(p) for p in f.conjunctions), libsvm_index_base=f.libsvm_index_base,
@@ -641,6 +703,8 @@ def load_config(conf_files: list[str | Path] = (), sets: list[str] = ()) -> Conf
 
 
 def _plain(v: Any) -> Any:
+    if hasattr(v, "to_json"):  # a declaration of its own (a table field)
+        return v.to_json()
     if isinstance(v, tuple):
         return [_plain(x) for x in v]
     return v

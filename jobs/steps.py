@@ -16,6 +16,12 @@ def featurize(cfg, inputs: list[str], output: str) -> dict:
 
     spec = feature_spec(cfg)
     check_output(inputs, output, cfg.featurize.overwrite)  # before the session starts
+    if spec.format == "table":
+        from terascale.pipeline.spark_table import run_table_featurize
+
+        spark = get_spark(cfg.spark)
+        f = cfg.featurize
+        return run_table_featurize(spark, inputs, output, spec, f, table=f.table, where=f.where)
     spark = get_spark(cfg.spark)
     return run_featurize(spark, inputs, output, spec, cfg.featurize)
 

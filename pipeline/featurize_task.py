@@ -122,6 +122,22 @@ class _Quarantine:
         return pa.table(self.rows, schema=QUARANTINE_SCHEMA)
 
 
+def open_writer(fs, inner: str, compression: str) -> pq.ParquetWriter:
+    """The Parquet writer of a task's rows (``OUTPUT_SCHEMA``), on filesystem ``fs``."""
+    return pq.ParquetWriter(
+        inner, OUTPUT_SCHEMA, filesystem=fs, compression=None if compression == "none" else compression,
+        use_dictionary=False,  # hashed indices are near-random: dictionaries only cost time
+        # the indices' bytes stream by stream (all low bytes, ..., all high bytes): the codec then
+        # skips the near-random low bytes quickly and packs the high ones. With snappy: the same
+        # decoded values, the write 2x faster, the file about 4% larger (docs/pages/explanation/design-notes.md)
+        column_encoding={"indices.list.element": "BYTE_STREAM_SPLIT"},
+        # min/max of hashed indices prune nothing, but the statistics' null count gives each row
+        # group's non-zeros (num_values - null_count), checked against the manifest (pipeline.verify)
+        write_statistics=["label", "weight", "indices.list.element"],
+        write_page_checksum=True,  # a flipped byte in a page is an error on read, not silently wrong data
+    )
+
+
 PHASES = ("setup", "read", "parse", "rows", "write", "finish")
 
 
@@ -150,19 +166,7 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
     totals = {"rows": 0, "nnz": 0, "positives": 0.0, "weight_sum": 0.0, "multi_rows": 0}
     pending: list[pa.RecordBatch] = []
     pending_rows = 0
-    codec = None if opts.compression == "none" else opts.compression
-    writer = pq.ParquetWriter(
-        data_inner, OUTPUT_SCHEMA, filesystem=fs, compression=codec,
-        use_dictionary=False,  # hashed indices are near-random: dictionaries only cost time
-        # the indices' bytes stream by stream (all low bytes, ..., all high bytes): the codec then
-        # skips the near-random low bytes quickly and packs the high ones. With snappy: the same
-        # decoded values, the write 2x faster, the file about 4% larger (docs/pages/explanation/design-notes.md)
-        column_encoding={"indices.list.element": "BYTE_STREAM_SPLIT"},
-        # min/max of hashed indices prune nothing, but the statistics' null count gives each row
-        # group's non-zeros (num_values - null_count), checked against the manifest (pipeline.verify)
-        write_statistics=["label", "weight", "indices.list.element"],
-        write_page_checksum=True,  # a flipped byte in a page is an error on read, not silently wrong data
-    )
+    writer = open_writer(fs, data_inner, opts.compression)
 
     def flush() -> None:
         nonlocal pending, pending_rows

@@ -34,12 +34,16 @@ OTHER = "other"
 def group_names(spec: FeatureSpec) -> list[str]:
     """Group names in group-number order.
 
-    Criteo: the spec's fields in spec order, then one group per conjunction named ``A^B``; past
+    Criteo: the spec's fields in spec order, then one group per conjunction named ``A^B`` (a
+    table spec: its fields, then its crosses, ``A^B^C``); past
     255 names, names 254.. collapse into one last group ``other``. LibSVM: ``["features"]``.
     """
     if spec.format == "libsvm":
         return ["features"]
-    names = list(spec.fields) + [f"{a}^{b}" for a, b in spec.conjunctions]
+    if spec.table is not None:
+        names = spec.table.group_names()
+    else:
+        names = list(spec.fields) + [f"{a}^{b}" for a, b in spec.conjunctions]
     if len(names) > MAX_GROUPS:
         names = names[: MAX_GROUPS - 1] + [OTHER]
     return names

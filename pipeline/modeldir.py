@@ -210,5 +210,5 @@ def load_model(model_dir: str) -> tuple[np.ndarray, float, dict]:
 
 def same_spec(a: dict, b: dict) -> list[str]:
     """The feature-spec keys on which two specs differ (empty when compatible)."""
-    keys = ("format", "bits", "seed", "fields", "int_bucketing", "conjunctions", "libsvm_index_base")
+    keys = ("format", "bits", "seed", "fields", "int_bucketing", "conjunctions", "libsvm_index_base", "table")
     return [k for k in keys if a.get(k) != b.get(k)]

@@ -24,6 +24,10 @@ BAD_LABEL = 5
 BAD_INTEGER = 6
 INDEX_OUT_OF_RANGE = 7
 UNPARSABLE = 8
+# table rows (pipeline.table_kernel)
+BAD_WEIGHT = 9
+BAD_NUMERIC = 10
+TOO_MANY_FEATURES = 11
 
 REASONS = (
     "ok",
@@ -35,6 +39,9 @@ REASONS = (
     "bad_integer",
     "index_out_of_range",
     "unparsable",
+    "bad_weight",
+    "bad_numeric",
+    "too_many_features",
 )
 REASON_CODES = {name: code for code, name in enumerate(REASONS)}
 

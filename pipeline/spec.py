@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import mmh3
 
+from terascale.pipeline.table_spec import TableSpec
+
 SPEC_VERSION = 1
 
 #: The largest hash space, 2^30 buckets: one limit for featurize (``featurize.bits``), the ML API
@@ -47,9 +49,10 @@ class FeatureSpec:
     int_bucketing: str = "log_squared"
     conjunctions: tuple[tuple[str, str], ...] = ()
     libsvm_index_base: int = 1
+    table: TableSpec | None = None  # format "table": the fields over named columns (pipeline.table_spec)
 
     def to_json(self) -> dict:
-        return {
+        d = {
             "spec_version": SPEC_VERSION,
             "format": self.format,
             "bits": self.bits,
@@ -60,6 +63,9 @@ class FeatureSpec:
             "libsvm_index_base": self.libsvm_index_base,
             "index": "mmh3.hash(token_utf8, seed, signed=False) mod 2^bits",
         }
+        if self.table is not None:
+            d["table"] = self.table.to_json()
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping) -> FeatureSpec:
@@ -71,6 +77,7 @@ class FeatureSpec:
             int_bucketing=d["int_bucketing"],
             conjunctions=tuple(tuple(p) for p in d["conjunctions"]),
             libsvm_index_base=int(d.get("libsvm_index_base", 1)),
+            table=TableSpec.from_json(d["table"]) if d.get("table") is not None else None,
         )
 
 

@@ -1,0 +1,196 @@
+"""One featurize task of a table (``featurize.format = table``): batches of records in, one
+Parquet file of hashed rows and its quarantine out, into a directory private to the attempt
+(as ``pipeline.featurize_task`` does for text logs; the same output schema, counts and commit).
+
+The batches come from the task's own pyarrow reads (``pipeline.table_sources``) or, for Spark
+SQL expressions and catalog tables, from Spark (``mapInArrow``); either way each batch carries
+its source (a file, or a table partition) and the 1-based number of its first record there,
+which key the negative-downsampling decisions and name a quarantined record. No pyspark here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from terascale.pipeline import fsutil, groups, sampling
+from terascale.pipeline.featurize_task import (
+    DATA_FILE,
+    QUARANTINE_FILE,
+    InjectedFailure,
+    MalformedInput,
+    TaskOptions,
+    _arrow_batch,
+    _Quarantine,
+    open_writer,
+)
+from terascale.pipeline.rowkernels import REASONS
+from terascale.pipeline.spec import FeatureSpec
+from terascale.pipeline.table_kernel import LABEL, WEIGHT, featurize_batch
+from terascale.pipeline.table_sources import BadRecord
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which batch column feeds the label, the weight and each field (a field's name in the
+    batch may differ from the input column it reads: ``column:``)."""
+
+    label: str
+    weight: str  # '' = no weight
+    fields: tuple[tuple[str, str], ...]  # (field name, batch column)
+
+    @classmethod
+    def of(cls, spec: FeatureSpec, exprs: bool = False) -> Columns:
+        """The input columns of a spec read straight from files; with ``exprs`` (Spark projected
+        the batch), the columns Spark named after the label, weight and fields."""
+        t = spec.table
+        if exprs:
+            return cls(LABEL, WEIGHT if (t.weight or t.weight_expr) else "", tuple((f.name, f.name) for f in t.fields))
+        return cls(t.label, t.weight, tuple((f.name, f.source) for f in t.fields))
+
+    @property
+    def read(self) -> tuple[str, ...]:
+        """The distinct input columns, in first-use order."""
+        names = [self.label] + ([self.weight] if self.weight else []) + [c for _, c in self.fields]
+        return tuple(dict.fromkeys(names))
+
+    def batch(self, b: pa.RecordBatch) -> pa.RecordBatch:
+        """The kernel's view of a batch: ``__label``, ``__weight`` and one column per field."""
+        arrays = [b.column(self.label)] + ([b.column(self.weight)] if self.weight else [])
+        names = [LABEL] + ([WEIGHT] if self.weight else [])
+        for name, col in self.fields:
+            arrays.append(b.column(col))
+            names.append(name)
+        return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def _raw(b: pa.RecordBatch, rows: np.ndarray) -> list[bytes]:
+    """The records as JSON text (a quarantined record's ``raw``)."""
+    recs = b.take(pa.array(rows)).to_pylist()
+    return [json.dumps(r, default=str, ensure_ascii=False).encode("utf-8") for r in recs]
+
+
+def run_table_task(task_index: int, batches: Iterable[tuple[str, int, pa.RecordBatch | BadRecord]],
+                   spec: FeatureSpec, cols: Columns, opts: TaskOptions, attempt_dir: str,
+                   expected_sources: Iterable[str] = (), key_salt: str = "") -> dict:
+    """Featurize ``batches`` ((source, first record number, batch or bad record)) into
+    ``attempt_dir``; return the task's counts and paths (the keys of ``featurize_task.run_task``).
+    A record's downsampling decision hashes (source + ``key_salt``, record number): Spark-read
+    partitions number their records from 1 each and salt with the partition."""
+    t0 = time.perf_counter()
+    clock = time.process_time
+    c0 = clock()
+    fs, inner = fsutil.resolve(attempt_dir)
+    fs.create_dir(inner, recursive=True)
+    data_path = fsutil.join(attempt_dir, DATA_FILE)
+    _, data_inner = fsutil.resolve(data_path)
+    group_map = groups.new_map(spec.bits)
+    quarantine = _Quarantine(opts.raw_cap)
+    per_input: dict[str, dict] = {}
+    totals = {"rows": 0, "nnz": 0, "positives": 0.0, "weight_sum": 0.0, "multi_rows": 0}
+    pending: list[pa.RecordBatch] = []
+    pending_rows = 0
+    phases = {"setup": clock() - c0, "read": 0.0, "parse": 0.0, "rows": 0.0, "write": 0.0}
+    writer = open_writer(fs, data_inner, opts.compression)
+
+    def stats_of(src: str) -> dict:
+        return per_input.setdefault(src, {"lines": 0, "rows": 0, "quarantined": {}, "dropped": 0,
+                                          "positives": 0, "negatives_kept": 0})
+
+    for src in expected_sources:  # a piece with no records still counts its file
+        stats_of(src)
+
+    def bad(src: str, row: int, reason: str, raw: bytes, stats: dict) -> None:
+        if opts.on_error == "fail":
+            raise MalformedInput(src, row, 0, reason)
+        quarantine.add(src, row, 0, reason, len(raw), raw)
+        stats["quarantined"][reason] = stats["quarantined"].get(reason, 0) + 1
+
+    def flush() -> None:
+        nonlocal pending, pending_rows
+        if pending:
+            c = clock()
+            writer.write_table(pa.Table.from_batches(pending), row_group_size=max(pending_rows, 1))
+            phases["write"] += clock() - c
+        pending, pending_rows = [], 0
+
+    try:
+        it = iter(batches)
+        while True:
+            c = clock()
+            item = next(it, None)
+            phases["read"] += clock() - c
+            if item is None:
+                break
+            src, first_row, b = item
+            stats = stats_of(src)
+            if isinstance(b, BadRecord):
+                stats["lines"] += 1
+                bad(src, b.row, b.reason, b.raw, stats)
+                continue
+            c = clock()
+            rows = featurize_batch(spec.table, spec.bits, spec.seed, cols.batch(b), group_map)
+            c1 = clock()
+            phases["parse"] += c1 - c
+            n_in = b.num_rows
+            stats["lines"] += n_in
+            if rows.status.any():
+                where = np.flatnonzero(rows.status)
+                for k, raw in zip(where.tolist(), _raw(b, where), strict=True):
+                    bad(src, first_row + k, REASONS[int(rows.status[k])], raw, stats)
+            labels, weights, indptr, indices, values, multi = (rows.labels, rows.weights, rows.indptr, rows.indices,
+                                                              rows.values, rows.multi)
+            if opts.negative_rate < 1.0 and labels.shape[0]:
+                row_numbers = first_row + np.flatnonzero(rows.status == 0)
+                key = sampling.file_key(src + key_salt, opts.sample_seed)
+                keep = sampling.keep_mask(key, opts.sample_seed, row_numbers, labels, opts.negative_rate)
+                stats["dropped"] += int(keep.shape[0] - keep.sum())
+                indptr, indices, values = sampling.take_rows(indptr, indices, values, keep)
+                labels, weights, multi = labels[keep], weights[keep], multi[keep]
+            n_rows = labels.shape[0]
+            stats["rows"] += n_rows
+            if n_rows:
+                weights = (weights * sampling.row_weights(labels, opts.negative_rate)).astype(np.float32)
+                n_pos = int(np.count_nonzero(labels))
+                stats["positives"] += n_pos
+                stats["negatives_kept"] += n_rows - n_pos
+                totals["rows"] += n_rows
+                totals["nnz"] += int(indices.shape[0])
+                totals["positives"] += float(labels.sum(dtype=np.float64))
+                totals["weight_sum"] += float(weights.sum(dtype=np.float64))
+                totals["multi_rows"] += int(multi.sum())
+                pending.append(_arrow_batch(labels, indptr, indices, values, multi, weights))
+                pending_rows += n_rows
+            phases["rows"] += clock() - c1
+            if pending_rows >= opts.row_group_rows:
+                flush()
+            if opts.inject_fail and totals["rows"] > 0:
+                flush()
+                raise InjectedFailure(f"featurize.inject_fail_task: task {task_index} fails on purpose")
+        flush()
+    finally:
+        c = clock()
+        writer.close()
+        phases["write"] += clock() - c
+    c = clock()
+    q_path = None
+    if len(quarantine):
+        q_path = fsutil.join(attempt_dir, QUARANTINE_FILE)
+        _, q_inner = fsutil.resolve(q_path)
+        pq.write_table(quarantine.table(), q_inner, filesystem=fs)
+    g_path = None
+    if group_map is not None and totals["rows"] > 0:
+        g_path = fsutil.join(attempt_dir, groups.TASK_GROUPS_FILE)
+        groups.write_map(g_path, group_map)
+    return {
+        "task": task_index, "dictionary_path": None, "data_path": data_path, "quarantine_path": q_path,
+        "bytes": int(fs.get_file_info(data_inner).size), "inputs": per_input, "groups_path": g_path,
+        "seconds": time.perf_counter() - t0, "cpu_seconds": clock() - c0,
+        "phases": {**phases, "finish": clock() - c}, **totals,
+    }
