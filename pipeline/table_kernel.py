@@ -322,13 +322,18 @@ def numeric_part(f: Field, arr: pa.Array, seed: int, mask: int) -> Part:
     bad = np.where(valid & ~finite, BAD_NUMERIC, 0).astype(np.int8)
     valid = valid & finite
     if f.bucketing == "none":
+        with np.errstate(over="ignore"):
+            x32 = x.astype(np.float32)
+        big = valid & ~np.isfinite(x32)
+        bad[big] = BAD_NUMERIC
+        valid = valid & ~big
         has = valid & (x != 0.0)
         data, off, index = _single_table(f.name.encode(), seed, mask)
         if f.missing == "token":
             data, off = _append(data, off, (f.name + MISSING_SUFFIX).encode())
             index = hash_buffers(data, off, seed) & mask
         codes = np.where(has, 0, -1).astype(np.int64)
-        return _single(f, codes, x.astype(np.float32), (data, off, index), bad)
+        return _single(f, codes, x32, (data, off, index), bad)
     b = np.zeros(x.shape[0], np.int64)
     if f.bucketing == "log":
         _log_buckets(x, valid, b)
@@ -408,14 +413,16 @@ def map_part(f: Field, arr: pa.Array, seed: int, mask: int) -> Part:
     rows = np.repeat(np.arange(n), np.diff(offsets))
     live = (codes >= 0) & xvalid
     bad = np.zeros(n, np.int8)
-    nonfinite = live & ~np.isfinite(x)
+    with np.errstate(over="ignore"):
+        x32 = x.astype(np.float32)
+    nonfinite = live & ~np.isfinite(x32)
     if nonfinite.any():
         bad[np.unique(rows[nonfinite])] = BAD_NUMERIC
-    keep = live & (x != 0.0) & np.isfinite(x)
+    keep = live & (x != 0.0) & np.isfinite(x32)
     cnt, sel = _capped(f, offsets, keep, bad)
     cnt[bad != 0] = 0
     sel = _drop_rows(sel, offsets, bad)
-    cnt, ids, vals = _with_missing(f, cnt, codes[sel], x[sel].astype(np.float32), len(index))
+    cnt, ids, vals = _with_missing(f, cnt, codes[sel], x32[sel], len(index))
     return Part(cnt, ids, vals, data, off, index, bad)
 
 
@@ -658,7 +665,14 @@ def featurize_batch(spec: TableSpec, bits: int, seed: int, batch: pa.RecordBatch
         named[f.name] = p
     row_ok = status == 0
     for c in spec.crosses:
-        parts.append(cross_part([named[x] for x in c], row_ok, seed, mask))
+        p = cross_part([named[x] for x in c], row_ok, seed, mask)
+        if p.vals is not None and not np.isfinite(p.vals).all():  # a product beyond float32
+            rows_of = np.repeat(np.arange(n), p.cnt)
+            hit = np.zeros(n, np.bool_)
+            hit[rows_of[~np.isfinite(p.vals)]] = True
+            status[hit & row_ok] = BAD_NUMERIC
+        parts.append(p)
+    row_ok = status == 0
     counts = np.zeros(n, np.int64)
     for p in parts:
         counts += p.cnt
@@ -680,6 +694,17 @@ def featurize_batch(spec: TableSpec, bits: int, seed: int, batch: pa.RecordBatch
     val = np.empty(max(nnz, 1), np.float32)
     multi = np.zeros(keep.shape[0], np.bool_)
     use_groups = groups is not None
-    w = _assemble(cnt, hid, hstart, vals, vstart, row_ok, max(int(counts[keep].max(initial=0)), 1), out_ptr, idx, val,
-                  multi, groups if use_groups else np.zeros(1, np.uint8), use_groups)
-    return Rows(labels[keep], weights[keep], out_ptr, idx[:w], val[:w], multi, status)
+    with np.errstate(over="ignore"):
+        w = _assemble(cnt, hid, hstart, vals, vstart, row_ok, max(int(counts[keep].max(initial=0)), 1), out_ptr, idx,
+                      val, multi, groups if use_groups else np.zeros(1, np.uint8), use_groups)
+    idx, val = idx[:w], val[:w]
+    if not np.isfinite(val).all():  # a summed value beyond float32: the row is bad after all
+        lens = np.diff(out_ptr)
+        bad_row = np.zeros(keep.shape[0], np.bool_)
+        bad_row[np.repeat(np.arange(keep.shape[0]), lens)[~np.isfinite(val)]] = True
+        status[keep[bad_row]] = BAD_NUMERIC
+        entry_ok = np.repeat(~bad_row, lens)
+        idx, val = idx[entry_ok], val[entry_ok]
+        out_ptr = np.concatenate([[0], np.cumsum(lens[~bad_row])]).astype(np.int64)
+        keep, multi = keep[~bad_row], multi[~bad_row]
+    return Rows(labels[keep], weights[keep], out_ptr, idx, val, multi, status)

@@ -12,7 +12,8 @@ Tokens (``F`` is the field's name):
   integer in decimal (``-12``), a boolean ``true`` / ``false``, a date ``YYYY-MM-DD``; value 1.
   A null or empty string is missing.
 - **numeric**, ``bucketing: none``: the token ``F`` with the value x (as float32); x = 0 adds no
-  token. ``log``: ``F={b}``, b = floor(x) if x <= 2 else floor(ln(x)^2) (Criteo's integer
+  token; a value beyond float32's range is a bad row (``bad_numeric``), as is a cross's
+  product or a row's summed value beyond it. ``log``: ``F={b}``, b = floor(x) if x <= 2 else floor(ln(x)^2) (Criteo's integer
   buckets; for integers b = x when x <= 2); ``boundaries`` (sorted, ascending): ``F={b}``, b the
   number of boundaries <= x; ``quantile``: the same with boundaries learned by the featurize
   job and written into the spec. NaN or +-inf is a bad row (``bad_numeric``).
@@ -311,6 +312,15 @@ def _finite(x: Any, what: str) -> float:
     return x
 
 
+def _value32(x: float, what: str) -> float:
+    """A feature's value as float32; beyond float32's range is a bad row."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = np.float32(x)
+    if not np.isfinite(v):
+        raise BadRow("bad_numeric", f"{what} = {x} is beyond float32")
+    return float(v)
+
+
 def field_tokens(f: Field, v: Any) -> list[tuple[str, float]]:
     """The (token, value) pairs of field ``f`` for the record's value ``v`` (None = null)."""
     out: list[tuple[str, float]] = []
@@ -324,7 +334,7 @@ def field_tokens(f: Field, v: Any) -> list[tuple[str, float]]:
             x = _finite(v, f.name)
             if f.bucketing == "none":
                 if x != 0.0:
-                    out.append((f.name, float(np.float32(x))))
+                    out.append((f.name, _value32(x, f.name)))
             else:
                 b = log_bucket(x) if f.bucketing == "log" else bisect.bisect_right(f.boundaries, x)
                 out.append((f"{f.name}={b}", 1.0))
@@ -341,7 +351,7 @@ def field_tokens(f: Field, v: Any) -> list[tuple[str, float]]:
                 continue
             x = _finite(x, f"{f.name}[{k}]")
             if x != 0.0:
-                out.append((f"{f.name}={canonical(k)}", float(np.float32(x))))
+                out.append((f"{f.name}={canonical(k)}", _value32(x, f"{f.name}[{k}]")))
     if f.max_values and len(out) > f.max_values:
         if f.overflow == "quarantine":
             raise BadRow("too_many_features", f"{f.name} has {len(out)} tokens (max_values {f.max_values})")
@@ -385,8 +395,11 @@ def record_tokens(spec: TableSpec, record: Mapping[str, Any]) -> list[tuple[str,
     for c in spec.crosses:
         combos: list[tuple[str, float]] = [("", 1.0)]
         for name in c:
-            combos = [(f"{a}^{t}" if a else t, float(np.float32(np.float32(x) * np.float32(y))))
-                      for a, x in combos for t, y in per[name]]
+            with np.errstate(over="ignore"):
+                combos = [(f"{a}^{t}" if a else t, float(np.float32(np.float32(x) * np.float32(y))))
+                          for a, x in combos for t, y in per[name]]
+        if any(not math.isfinite(x) for _, x in combos):
+            raise BadRow("bad_numeric", f"a value of the cross {'^'.join(c)} is beyond float32")
         out.extend((t, x, -1) for t, x in combos)
     if len(out) > spec.max_row_features:
         raise BadRow("too_many_features", f"{len(out)} tokens in the row (max_row_features {spec.max_row_features})")
@@ -404,4 +417,25 @@ def record_row(spec: TableSpec, bits: int, seed: int, record: Mapping[str, Any])
         i = mmh3.hash(t.encode("utf-8"), s, signed=False) & mask
         acc[i] = acc.get(i, 0.0) + x
     idx = sorted(acc)
-    return idx, [float(np.float32(acc[i])) for i in idx]
+    with np.errstate(over="ignore"):
+        vals = [float(np.float32(acc[i])) for i in idx]
+    if any(not math.isfinite(v) for v in vals):
+        raise BadRow("bad_numeric", "a feature's summed value is beyond float32")
+    return idx, vals
+
+
+def criteo_preset(fields: Sequence[str], int_bucketing: str = "log_squared",
+                  conjunctions: Sequence[tuple[str, str]] = ()) -> TableSpec:
+    """Criteo's TSV spec as a table spec over columns ``label, I1..I13, C1..C26`` (integers as
+    int64, categorical values as strings): it gives the Criteo parser's indices bit for bit.
+    ``I`` fields are numeric with log buckets (``log_squared``) or categorical (``identity``:
+    the integer's decimal text), ``C`` fields categorical, conjunctions 2-field crosses."""
+    flds = []
+    for name in fields:
+        if name.startswith("I"):
+            flds.append(Field(name, kind="numeric", bucketing="log") if int_bucketing == "log_squared"
+                        else Field(name))
+        else:
+            flds.append(Field(name))
+    return TableSpec(fields=tuple(flds), crosses=tuple(tuple(c) for c in conjunctions), label="label",
+                     max_row_features=1 << 20)
