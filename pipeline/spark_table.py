@@ -52,6 +52,7 @@ from terascale.pipeline.table_kernel import LABEL, WEIGHT, SchemaError, check_sc
 from terascale.pipeline.table_sources import (
     ReadOptions,
     TablePiece,
+    adapt_inferred,
     assign,
     encode_schema,
     file_schema,
@@ -145,7 +146,8 @@ def _file_read(spark, inputs, spec, fconf, opts, staging, out, root):
     declared = parse_ddl(fconf.schema) if fconf.schema else None
     read = ReadOptions(fconf.input_format, cols.read, csv_header=fconf.csv_header, csv_delimiter=fconf.csv_delimiter)
     if fconf.input_format in ("json", "csv"):
-        schema = declared if declared is not None else file_schema(files[0].uri, read)
+        kinds = {col: kind for _, col, kind in _typed_columns(spec, cols)}
+        schema = declared if declared is not None else adapt_inferred(file_schema(files[0].uri, read), kinds)
         read = replace(read, schema_b64=encode_schema(schema))
         check_schema(spec.table, schema, _typed_columns(spec, cols), files[0].uri)
     else:

@@ -293,15 +293,34 @@ def _project(schema: pa.Schema, cols: list[str]) -> pa.Schema:
     return pa.schema([schema.field(c) for c in cols])
 
 
+def adapt_inferred(schema: pa.Schema, kinds: dict[str, str]) -> pa.Schema:
+    """An inferred JSON or CSV schema made fit for the spec: a JSON object read for a map field
+    becomes map<string, double>, a column of nulls a string (categorical, multi element) or a
+    double (numeric, label, weight)."""
+    out = []
+    for f in schema:
+        kind, t = kinds.get(f.name), f.type
+        if kind == "map" and pa.types.is_struct(t):
+            t = pa.map_(pa.string(), pa.float64())
+        elif pa.types.is_null(t):
+            t = {"multi": pa.list_(pa.string()), "categorical": pa.string()}.get(kind, pa.float64())
+        elif kind == "multi" and pa.types.is_list(t) and pa.types.is_null(t.value_type):
+            t = pa.list_(pa.string())
+        out.append(pa.field(f.name, t))
+    return pa.schema(out)
+
+
 def _read_json(data: bytes, opts: ReadOptions) -> Iterator[tuple[int, pa.RecordBatch | BadRecord]]:
     schema = _project(opts.schema, list(opts.columns))
-    parse = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
-    try:
-        t = pajson.read_json(io.BytesIO(data), parse_options=parse)
-        yield from _batches(t.select(list(opts.columns)), 1, opts.batch_rows)
-        return
-    except pa.ArrowInvalid:
-        pass
+    maps = [f.name for f in schema if pa.types.is_map(f.type)]
+    if not maps:  # pyarrow's reader converts no JSON object to a map: those files go record by record
+        parse = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+        try:
+            t = pajson.read_json(io.BytesIO(data), parse_options=parse)
+            yield from _batches(t.select(list(opts.columns)), 1, opts.batch_rows)
+            return
+        except pa.ArrowInvalid:
+            pass
     # some record does not parse: one record at a time, so only the bad ones are lost
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
@@ -335,6 +354,9 @@ def _json_record(line: bytes, schema: pa.Schema) -> dict | str:
         if not isinstance(obj, dict):
             return "unparsable"
         rec = {c: obj.get(c) for c in schema.names}
+        for f in schema:
+            if pa.types.is_map(f.type) and isinstance(rec[f.name], dict):
+                rec[f.name] = list(rec[f.name].items())
         pa.Table.from_pylist([rec], schema)  # the types must convert
         return rec
     except (ValueError, TypeError, pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
