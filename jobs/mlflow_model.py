@@ -13,6 +13,8 @@ to the same bits here, in ``terascale score`` and in the predict job. ``x`` is o
 - raw lines in the model's format (Criteo TSV or LibSVM): a string, a list, array or Series of
   strings or bytes, a DataFrame with a ``line`` column (or a single column), or ``{"line": [...]}``
   (what ``mlflow models serve`` hands over for ``{"inputs": ...}`` and ``{"dataframe_split": ...}``);
+- a table model's records (``featurize.format = table``): a DataFrame with the table's columns
+  (pandas' missing values are nulls; ``pipeline.table_records``), or JSON lines as raw lines;
 - Criteo fields (a Criteo model only): a DataFrame whose columns are among ``label``, ``I1``..``I13``,
   ``C1``..``C26``; a missing column or a missing value (None, NaN) is an empty field, integral floats
   (pandas' integers with gaps) are written as integers, and a missing ``label`` column scores every
@@ -74,8 +76,19 @@ class RawLineModel(mlflow.pyfunc.PythonModel):
         return cache[labeled]
 
     def predict(self, context, model_input, params=None) -> np.ndarray:
+        if self.format == "table" and not self._has_lines(model_input):
+            from terascale.pipeline.table_records import frame_records
+
+            return self._scorer(True).predict_records(frame_records(model_input), self.skip_bad)
         lines, labeled = self.lines(model_input)
         return self._scorer(labeled).predict_lines(lines, self.skip_bad)
+
+    @staticmethod
+    def _has_lines(x) -> bool:
+        """Whether a table model's input is JSON lines rather than a DataFrame of the table's columns."""
+        import pandas as pd
+
+        return not isinstance(x, pd.DataFrame) or LINE in [str(c) for c in x.columns]
 
     def lines(self, x) -> tuple[list, bool]:
         """(raw lines, whether they begin with a label) of one input (see the module docstring)."""

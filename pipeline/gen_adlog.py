@@ -368,8 +368,9 @@ def write_adlog(out_dir, rows: int, seed: int = 0, files: int = 2, click_rate: f
                 sums += _sums(t.column("clicked").to_numpy(), p, t.column("weight").to_numpy())
                 if writer is not None:
                     writer.write_table(t, row_group_size=ROW_GROUP_ROWS)
-                if fh is not None:
-                    fh.write(_json_lines(t))
+                if fh is not None:  # in slices: the text's intermediates stay small
+                    for k in range(0, t.num_rows, ROW_GROUP_ROWS):
+                        fh.write(_json_lines(t.slice(k, ROW_GROUP_ROWS)))
         except BaseException:
             for closeable in (writer, fh):
                 if closeable is not None:

@@ -9,7 +9,9 @@ come from the predict job's formula (``solvers.predict.sigmoid``), so a line sco
 float64 bits here as its row does in ``predict``.
 
 Lines are in the format the model was featurized from (``spec.format``): Criteo TSV (label, 13
-integer fields, 26 categorical fields) or LibSVM (``label idx:val ...``). The label must be
+integer fields, 26 categorical fields) or LibSVM (``label idx:val ...``); for a table model
+(``featurize.format = table``) JSON lines, one object per record with the table's column names
+(``pipeline.table_records``; the featurize kernel hashes them, any label is ignored). The label must be
 valid (it is parsed as in featurize) but is not used for scoring. Serving logs without the
 label (``labeled=False``): the scorer puts a label 0 in front of every line (``0\t`` or ``0 ``)
 before parsing, so such a line scores exactly as the labeled line would (a line within two
@@ -28,17 +30,19 @@ click rate among the kept rows), ``raw`` is σ(margin).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from terascale.pipeline import modeldir
 from terascale.pipeline.blocks import BlockParser
 from terascale.pipeline.pointer import resolve_model
-from terascale.pipeline.rowkernels import REASONS
+from terascale.pipeline.rowkernels import REASONS, UNPARSABLE
 from terascale.pipeline.sampling import model_negative_rate, score_transform
 from terascale.pipeline.score_kernel import score_criteo_block
 from terascale.pipeline.spec import FeatureSpec
+from terascale.pipeline.table_kernel import featurize_batch
+from terascale.pipeline.table_records import parse_json_lines, records_batch
 from terascale.solvers.catalogue import loss_spec
 from terascale.solvers.data import CSRData
 from terascale.solvers.predict import decision_function, sigmoid
@@ -70,7 +74,8 @@ class Scorer:
         self.calibration = calibration
         self.slope, self.logit_shift = score_transform(meta, calibration)  # σ(slope·m + logit_shift)
         max_line = int(meta["config"].get("featurize", {}).get("max_line_bytes", 65536))
-        self._parser = BlockParser(self.spec, max_line)
+        self._table = self.spec.format == "table"
+        self._parser = None if self._table else BlockParser(self.spec, max_line)
         self._n_features = 1 << self.spec.bits
         self._sigmoid = loss_spec(self.loss).link == "sigmoid"
         self._fused = self.spec.format == "criteo"
@@ -81,7 +86,7 @@ class Scorer:
             self._seps = np.zeros(0, np.int64)
             self._status = np.zeros(0, np.int8)
             self._margins = np.zeros(0, np.float64)
-        self._prefix = b"" if labeled else (b"0\t" if self.spec.format == "criteo" else b"0 ")
+        self._prefix = b"" if labeled or self._table else (b"0\t" if self.spec.format == "criteo" else b"0 ")
 
     @classmethod
     def from_model_dir(cls, path: str, calibration: str = "population", labeled: bool = True) -> Scorer:
@@ -97,6 +102,12 @@ class Scorer:
         """Scores (float64) of every line in ``data`` (whole lines, ``\\n``-separated; a last
         line without ``\\n`` counts). ``first_line``: the number of the block's first line in
         error messages."""
+        if self._table:
+            lines = bytes(data).split(b"\n")
+            if lines and lines[-1] == b"":
+                lines.pop()
+            records, bad = parse_json_lines(lines)
+            return self.predict_records(records, skip_bad, first_line, bad)
         if self._prefix:
             data = _with_labels(bytes(data), self._prefix)
         buf = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) else data
@@ -126,6 +137,34 @@ class Scorer:
             return scores
         out = np.full(status.shape[0], np.nan)
         out[~bad] = scores
+        return out
+
+    def predict_records(self, records: Sequence[Mapping], skip_bad: bool = False, first_line: int = 1,
+                        bad: np.ndarray | None = None) -> np.ndarray:
+        """Scores of records of a table model (mappings of column -> value, see
+        ``pipeline.table_records``); a record featurize would quarantine raises MalformedLine
+        naming it (1-based from ``first_line``), or scores NaN with ``skip_bad``. Any label in
+        a record is ignored."""
+        if not records:
+            return np.zeros(0, np.float64)
+        batch, unreadable = records_batch(self.spec.table, records)
+        if bad is not None:
+            unreadable |= bad
+        rows = featurize_batch(self.spec.table, self.spec.bits, self.spec.seed, batch)
+        status = rows.status.copy()
+        status[unreadable] = UNPARSABLE
+        bad_rows = status != 0
+        if bad_rows.any() and not skip_bad:
+            i = int(np.flatnonzero(bad_rows)[0])
+            raise MalformedLine(first_line + i, REASONS[int(status[i])])
+        good = np.flatnonzero(rows.status == 0)
+        keep = ~unreadable[good]  # rows of the kernel's output that stay
+        n = int(good.shape[0])
+        csr = CSRData(rows.indptr, rows.indices, rows.values, rows.labels, np.ones(n, np.float32), self._n_features)
+        m = decision_function(csr, self.weights, self.intercept)[keep]
+        scores = sigmoid(m, self.logit_shift, self.slope) if self._sigmoid else m
+        out = np.full(status.shape[0], np.nan)
+        out[~bad_rows] = scores
         return out
 
     def _score_criteo(self, buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
