@@ -334,6 +334,9 @@ def numeric_part(f: Field, arr: pa.Array, seed: int, mask: int) -> Part:
             index = hash_buffers(data, off, seed) & mask
         codes = np.where(has, 0, -1).astype(np.int64)
         return _single(f, codes, x32, (data, off, index), bad)
+    if f.bucketing == "quantile" and not f.boundaries:
+        raise ValueError(f"field {f.name!r}: bucketing quantile without learned boundaries (the featurize job "
+                         "learns them and writes them into the spec)")
     b = np.zeros(x.shape[0], np.int64)
     if f.bucketing == "log":
         _log_buckets(x, valid, b)

@@ -321,24 +321,43 @@ def _read_json(data: bytes, opts: ReadOptions) -> Iterator[tuple[int, pa.RecordB
             return
         except pa.ArrowInvalid:
             pass
-    # some record does not parse: one record at a time, so only the bad ones are lost
+    # maps, or some record that does not parse: each line decoded alone, so only the bad ones
+    # are lost; the good ones converted in bulk (record by record only in a chunk that fails)
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
-    good: list[dict] = []
-    first = 1
+    good: list[tuple[int, dict]] = []
     for k, line in enumerate(lines, start=1):
         rec = _json_record(line, schema)
         if isinstance(rec, str):
-            if good:
-                yield from _batches(pa.Table.from_pylist(good, schema), first, opts.batch_rows)
-                good = []
+            yield from _json_good(good, schema, opts.batch_rows)
+            good = []
             yield k, BadRecord(k, rec, line)
-            first = k + 1
         else:
-            good.append(rec)
-    if good:
-        yield from _batches(pa.Table.from_pylist(good, schema), first, opts.batch_rows)
+            good.append((k, rec))
+    yield from _json_good(good, schema, opts.batch_rows)
+
+
+def _json_good(good: list[tuple[int, dict]], schema: pa.Schema, n: int) -> Iterator[tuple[int, pa.RecordBatch | BadRecord]]:
+    """Consecutive good records (line, record) as batches; a record whose values do not convert
+    to the schema's types is a BadRecord (``unparsable``)."""
+    for s in range(0, len(good), n):
+        chunk = good[s:s + n]
+        try:
+            t = pa.Table.from_pylist([r for _, r in chunk], schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            run: list[tuple[int, dict]] = []
+            for k, r in chunk:
+                try:
+                    pa.Table.from_pylist([r], schema)
+                    run.append((k, r))
+                except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+                    yield from _json_good(run, schema, n)
+                    run = []
+                    yield k, BadRecord(k, "unparsable", json.dumps(r).encode())
+            yield from _json_good(run, schema, n)
+            continue
+        yield from _batches(t, chunk[0][0], n)
 
 
 def _json_record(line: bytes, schema: pa.Schema) -> dict | str:
@@ -357,9 +376,8 @@ def _json_record(line: bytes, schema: pa.Schema) -> dict | str:
         for f in schema:
             if pa.types.is_map(f.type) and isinstance(rec[f.name], dict):
                 rec[f.name] = list(rec[f.name].items())
-        pa.Table.from_pylist([rec], schema)  # the types must convert
         return rec
-    except (ValueError, TypeError, pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+    except (ValueError, TypeError):
         return "unparsable"
 
 
