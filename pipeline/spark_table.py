@@ -48,7 +48,7 @@ from terascale.pipeline.spark_featurize import (
 )
 from terascale.pipeline.spark_settle import collect_settled
 from terascale.pipeline.spec import FeatureSpec
-from terascale.pipeline.table_kernel import LABEL, WEIGHT, SchemaError, check_schema
+from terascale.pipeline.table_kernel import LABEL, WEIGHT, SchemaError, _float64, check_schema
 from terascale.pipeline.table_sources import (
     ReadOptions,
     TablePiece,
@@ -222,7 +222,7 @@ def _learn_file_quantiles(sc, spec: FeatureSpec, cols: Columns, read: ReadOption
                 for _, b in read_piece(TablePiece.from_json(p), rd):
                     if isinstance(b, pa.RecordBatch):
                         for c in qcols:
-                            got[c].append(np.asarray(b.column(c).cast(pa.float64()).fill_null(np.nan)
+                            got[c].append(np.asarray(_float64(b.column(c)).fill_null(np.nan)
                                                      .to_numpy(zero_copy_only=False)))
             yield {c: summary_points(np.concatenate(v) if v else np.zeros(0)) for c, v in got.items()}
 

@@ -32,6 +32,7 @@ TOO_MANY = REASON_CODES["too_many_features"]
 INVALID_UTF8 = REASON_CODES["invalid_utf8"]
 LABEL, WEIGHT = "__label", "__weight"  # the label's and the weight's columns in a batch
 MAX_GROUP = 254
+LOG_BUCKET_MIN = 2.0**62  # a log-bucketed value below minus this is bad_numeric
 
 
 class SchemaError(ConfigError):
@@ -289,8 +290,16 @@ def _numbers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_boolean(t)):
         raise SchemaError(f"type {t} cannot be numeric")
     valid = _valid(arr)
-    x = np.asarray(arr.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False), dtype=np.float64)
-    return x, valid
+    return _float64(arr).fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float64, copy=False), valid
+
+
+def _float64(arr: pa.Array) -> pa.Array:
+    """A numeric column as float64, each value rounded as Python's float() rounds it: integers
+    beyond 2^53 round (no error), decimals go through their text (Arrow's direct cast is not
+    correctly rounded)."""
+    if pa.types.is_decimal(arr.type):
+        return arr.cast(pa.string()).cast(pa.float64())
+    return arr.cast(pa.float64(), safe=False)
 
 
 def _single(f: Field, codes: np.ndarray, vals: np.ndarray | None, table: tuple, bad: np.ndarray | None) -> Part:
@@ -339,6 +348,9 @@ def numeric_part(f: Field, arr: pa.Array, seed: int, mask: int) -> Part:
                          "learns them and writes them into the spec)")
     b = np.zeros(x.shape[0], np.int64)
     if f.bucketing == "log":
+        huge = valid & (x < -LOG_BUCKET_MIN)  # floor(x) would not fit an int64
+        bad[huge] = BAD_NUMERIC
+        valid = valid & ~huge
         _log_buckets(x, valid, b)
     else:
         b = np.searchsorted(np.asarray(f.boundaries, np.float64), x, side="right").astype(np.int64)
@@ -629,15 +641,17 @@ def _labels(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         return y.astype(np.float32), valid
     if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
         raise SchemaError(f"type {t} cannot be the label (a boolean or a number)")
-    x = np.asarray(arr.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
+    x = np.asarray(_float64(arr).fill_null(np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
     ok = valid & ((x > 0) | (x == 0) | (x == -1))
     return (x > 0).astype(np.float32), ok
 
 
 def _weights(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     x, valid = _numbers(arr)
-    ok = valid & np.isfinite(x) & (x >= 0)
-    return x.astype(np.float32), ok
+    with np.errstate(over="ignore"):
+        x32 = x.astype(np.float32)
+    ok = valid & np.isfinite(x32) & (x >= 0)
+    return x32, ok
 
 
 def featurize_batch(spec: TableSpec, bits: int, seed: int, batch: pa.RecordBatch | pa.Table,
@@ -666,6 +680,13 @@ def featurize_batch(spec: TableSpec, bits: int, seed: int, batch: pa.RecordBatch
             status[(status == 0) & (p.bad != 0)] = p.bad[(status == 0) & (p.bad != 0)]
         parts.append(p)
         named[f.name] = p
+    row_ok = status == 0
+    projected = np.zeros(n, np.float64)  # every token the row would have, crosses counted before they are built
+    for p in parts:
+        projected += p.cnt
+    for c in spec.crosses:
+        projected += np.prod(np.stack([named[x].cnt.astype(np.float64) for x in c]), axis=0)
+    status[row_ok & (projected > spec.max_row_features)] = TOO_MANY
     row_ok = status == 0
     for c in spec.crosses:
         p = cross_part([named[x] for x in c], row_ok, seed, mask)

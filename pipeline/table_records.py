@@ -77,7 +77,7 @@ def records_batch(spec: TableSpec, records: Sequence[Mapping[str, Any]]) -> tupl
     for i, rec in enumerate(records):
         try:
             vals = [_value(f, rec.get(field_key(f))) for f in spec.fields]
-        except _Bad:
+        except (_Bad, OverflowError, ValueError, TypeError):
             bad[i] = True
             continue
         for f, v in zip(spec.fields, vals, strict=True):

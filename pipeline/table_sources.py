@@ -306,6 +306,8 @@ def adapt_inferred(schema: pa.Schema, kinds: dict[str, str]) -> pa.Schema:
             t = {"multi": pa.list_(pa.string()), "categorical": pa.string()}.get(kind, pa.float64())
         elif kind == "multi" and pa.types.is_list(t) and pa.types.is_null(t.value_type):
             t = pa.list_(pa.string())
+        elif kind in ("numeric", "label", "weight") and pa.types.is_integer(t):
+            t = pa.float64()  # a later record's 0.4 must not be truncated into an integer column
         out.append(pa.field(f.name, t))
     return pa.schema(out)
 
@@ -327,6 +329,7 @@ def _read_json(data: bytes, opts: ReadOptions) -> Iterator[tuple[int, pa.RecordB
     if lines and lines[-1] == b"":
         lines.pop()
     good: list[tuple[int, dict]] = []
+    lines = [x for x in lines if x.strip()]  # blank lines are no records (as in pyarrow's reader)
     for k, line in enumerate(lines, start=1):
         rec = _json_record(line, schema)
         if isinstance(rec, str):
@@ -416,7 +419,8 @@ def _read_csv(data: bytes, opts: ReadOptions) -> Iterator[tuple[int, pa.RecordBa
     names = schema.names
     good: list[dict] = []
     first = 1
-    for k, line in enumerate(lines[header:], start=1):
+    body = [x for x in lines[header:] if x.strip()]  # blank lines are no records (as in pyarrow's reader)
+    for k, line in enumerate(body, start=1):
         rec = _csv_record(line, names, schema, text_opts)
         if isinstance(rec, str):
             if good:

@@ -32,7 +32,9 @@ Tokens (``F`` is the field's name):
   spec's seed.
 - A row: the fields' tokens in field order, then the crosses in declaration order; indices
   sorted ascending and unique, a repeated index's value the float64 sum of its tokens' float32
-  values in token order, rounded to float32. More than ``max_row_features`` tokens is a bad row.
+  values in token order, rounded to float32. More than ``max_row_features`` tokens (the fields'
+  and the crosses', counted before the crosses are built) is a bad row, checked before the crosses'
+  values.
 - The label: a boolean (true = 1) or a number, 1 when > 0, 0 when 0 or -1 (so 0/1, -1/+1 and click
   counts all work); anything else (null, NaN, another negative) is ``bad_label``. The weight
   (optional): a finite number >= 0, else ``bad_weight``.
@@ -300,8 +302,13 @@ def canonical(v: Any) -> str:
     raise TypeError(f"no canonical text for {type(v).__name__}")
 
 
+LOG_BUCKET_MIN = 2.0**62  # below minus this, floor(x) would not fit an int64: bad_numeric
+
+
 def log_bucket(x: float) -> int:
     """floor(x) if x <= 2 else floor(ln(x)^2)."""
+    if x < -LOG_BUCKET_MIN:
+        raise BadRow("bad_numeric", f"{x} is below -2^62 (log buckets)")
     return math.floor(x) if x <= 2 else math.floor(math.log(x) ** 2)
 
 
@@ -378,9 +385,11 @@ def record_weight(v: Any) -> float:
     if v is None:
         raise BadRow("bad_weight", "null")
     x = float(v)
-    if not (math.isfinite(x) and x >= 0):
+    with np.errstate(over="ignore"):
+        w = np.float32(x)
+    if not (np.isfinite(w) and x >= 0):
         raise BadRow("bad_weight", f"{v!r}")
-    return float(np.float32(x))
+    return float(w)
 
 
 def record_tokens(spec: TableSpec, record: Mapping[str, Any]) -> list[tuple[str, float, int]]:
@@ -392,6 +401,9 @@ def record_tokens(spec: TableSpec, record: Mapping[str, Any]) -> list[tuple[str,
         toks = field_tokens(f, record.get(f.name))
         per[f.name] = toks
         out.extend((t, x, i) for t, x in toks)
+    total = len(out) + sum(math.prod(len(per[name]) for name in c) for c in spec.crosses)
+    if total > spec.max_row_features:  # counted before the crosses are built
+        raise BadRow("too_many_features", f"{total} tokens in the row (max_row_features {spec.max_row_features})")
     for c in spec.crosses:
         combos: list[tuple[str, float]] = [("", 1.0)]
         for name in c:
@@ -401,8 +413,6 @@ def record_tokens(spec: TableSpec, record: Mapping[str, Any]) -> list[tuple[str,
         if any(not math.isfinite(x) for _, x in combos):
             raise BadRow("bad_numeric", f"a value of the cross {'^'.join(c)} is beyond float32")
         out.extend((t, x, -1) for t, x in combos)
-    if len(out) > spec.max_row_features:
-        raise BadRow("too_many_features", f"{len(out)} tokens in the row (max_row_features {spec.max_row_features})")
     return out
 
 

@@ -222,3 +222,27 @@ def test_criteo_preset_gives_the_criteo_parsers_indices(bucketing, conj):
         assert got.labels[r] == label
         assert got.indices[a:b].tolist() == idx
         assert got.values[a:b].tolist() == vals
+
+
+def test_review_edges_agree_with_the_reference():
+    """Integers past 2^53, decimals, a weight beyond float32, a log bucket below -2^62, and a
+    cross of long arrays (too_many_features before the cross is built)."""
+    import decimal
+
+    spec = TableSpec(fields=parse_fields([
+        {"name": "big", "kind": "numeric"}, {"name": "dec", "kind": "numeric", "bucketing": "boundaries",
+                                              "boundaries": [-8852696.54, 0.1, 1.0]},
+        {"name": "lg", "kind": "numeric", "bucketing": "log"}, {"name": "a", "kind": "multi"}, {"name": "b", "kind": "multi"},
+    ]), crosses=(("a", "b"),), max_row_features=50)
+    types = {LABEL: pa.int64(), WEIGHT: pa.float64(), "big": pa.int64(), "dec": pa.decimal128(10, 2),
+             "lg": pa.float64(), "a": pa.list_(pa.int64()), "b": pa.list_(pa.int64())}
+    d = decimal.Decimal
+    recs = [
+        {LABEL: 1, WEIGHT: 1.0, "big": 2**53 + 1, "dec": d("-8852696.54"), "lg": 3.0, "a": [1], "b": [2]},
+        {LABEL: 0, WEIGHT: 1e39, "big": 1, "dec": d("0.10"), "lg": 1.0, "a": [], "b": []},
+        {LABEL: 1, WEIGHT: 1.0, "big": 2**63 - 1, "dec": d("12345678.91"), "lg": -1e19, "a": [], "b": []},
+        {LABEL: 1, WEIGHT: 1.0, "big": None, "dec": None, "lg": None, "a": list(range(10)), "b": list(range(10))},
+    ] + [{LABEL: 1, WEIGHT: 1.0, "big": -(2**62) - k, "dec": d(f"{k}.07"), "lg": 1e18 * k, "a": [k], "b": [k, k + 1]}
+         for k in range(50)]
+    reasons = check_batch(spec, 16, 5, recs, types)
+    assert {"bad_weight", "bad_numeric", "too_many_features"} <= set(reasons)
