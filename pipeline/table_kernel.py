@@ -74,7 +74,7 @@ def type_problem(kind: str, t: pa.DataType) -> str | None:
         ok = (pa.types.is_list(t) or pa.types.is_large_list(t)) and _categorical_type(t.value_type)
         want = "an array of strings, integers, booleans or dates"
     else:
-        ok = pa.types.is_map(t) and _is_text(t.key_type) and (_is_number(t.item_type) or pa.types.is_boolean(t.item_type))
+        ok = pa.types.is_map(t) and (pa.types.is_string(t.key_type) or pa.types.is_large_string(t.key_type)) and (_is_number(t.item_type) or pa.types.is_boolean(t.item_type))
         want = "a map<string, number>"
     return None if ok else f"must be {want}"
 

@@ -135,7 +135,10 @@ def run_table_task(task_index: int, batches: Iterable[tuple[str, int, pa.RecordB
                 bad(src, b.row, b.reason, b.raw, stats)
                 continue
             c = clock()
-            rows = featurize_batch(spec.table, spec.bits, spec.seed, cols.batch(b), group_map)
+            try:
+                rows = featurize_batch(spec.table, spec.bits, spec.seed, cols.batch(b), group_map)
+            except Exception as e:  # noqa: BLE001 - the error, named by its input
+                raise RuntimeError(f"{src}, records {first_row}..{first_row + b.num_rows - 1}: {e}") from e
             c1 = clock()
             phases["parse"] += c1 - c
             n_in = b.num_rows
