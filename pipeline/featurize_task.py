@@ -141,6 +141,104 @@ def open_writer(fs, inner: str, compression: str) -> pq.ParquetWriter:
 PHASES = ("setup", "read", "parse", "rows", "write", "finish")
 
 
+class TaskOutput:
+    """What one task attempt writes into ``attempt_dir``, and its counts: the Parquet file of
+    its rows (flushed as row groups of ``opts.row_group_rows``), the quarantine, the group map,
+    and per input (``stats``) lines, rows, quarantined by reason, dropped, positives and kept
+    negatives. The text and the table tasks both write through it; ``phases`` gets the write time."""
+
+    def __init__(self, attempt_dir: str, bits: int, opts: TaskOptions, phases: dict):
+        self.opts, self.phases, self.attempt_dir = opts, phases, attempt_dir
+        self.fs, inner = fsutil.resolve(attempt_dir)
+        self.fs.create_dir(inner, recursive=True)
+        self.data_path = fsutil.join(attempt_dir, DATA_FILE)
+        _, self._data_inner = fsutil.resolve(self.data_path)
+        self.group_map = groups.new_map(bits)  # None above GROUPS_MAX_BITS
+        self.quarantine = _Quarantine(opts.raw_cap)
+        self.per_input: dict[str, dict] = {}
+        self.totals = {"rows": 0, "nnz": 0, "positives": 0.0, "weight_sum": 0.0, "multi_rows": 0}
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_rows = 0
+        self._writer = open_writer(self.fs, self._data_inner, opts.compression)
+
+    def stats(self, src: str) -> dict:
+        return self.per_input.setdefault(src, {"lines": 0, "rows": 0, "quarantined": {}, "dropped": 0,
+                                               "positives": 0, "negatives_kept": 0})
+
+    def bad(self, src: str, line: int, offset: int, reason: str, length: int, raw: bytes, stats: dict) -> None:
+        """A bad line or record: MalformedInput with ``on_error=fail``, else quarantined and counted."""
+        if self.opts.on_error == "fail":
+            raise MalformedInput(src, line, offset, reason)
+        self.quarantine.add(src, line, offset, reason, length, raw)
+        stats["quarantined"][reason] = stats["quarantined"].get(reason, 0) + 1
+
+    def add(self, stats: dict, labels, indptr, indices, values, multi, weights) -> None:
+        """Count and keep rows (arrays the batch may keep: ``labels``, ``indices``, ``weights``);
+        ``flush(full_only=True)`` writes them once they fill a row group."""
+        n_rows = labels.shape[0]
+        stats["rows"] += n_rows
+        if n_rows == 0:
+            return
+        n_pos = int(np.count_nonzero(labels))
+        stats["positives"] += n_pos
+        stats["negatives_kept"] += n_rows - n_pos
+        t = self.totals
+        t["rows"] += n_rows
+        t["nnz"] += int(indices.shape[0])
+        t["positives"] += float(labels.sum(dtype=np.float64))
+        t["weight_sum"] += float(weights.sum(dtype=np.float64))
+        t["multi_rows"] += int(multi.sum())
+        self._pending.append(_arrow_batch(labels, indptr, indices, values, multi, weights))
+        self._pending_rows += n_rows
+
+    def flush(self, full_only: bool = False) -> None:
+        """Write the kept rows as a row group (``full_only``: only once they fill one)."""
+        if full_only and self._pending_rows < self.opts.row_group_rows:
+            return
+        if self._pending:
+            c = time.process_time()
+            self._writer.write_table(pa.Table.from_batches(self._pending), row_group_size=max(self._pending_rows, 1))
+            self.phases["write"] += time.process_time() - c
+        self._pending, self._pending_rows = [], 0
+
+    def fail_if_drilled(self, task_index: int) -> None:
+        """The featurize.inject_fail_task drill: fail once part of the output is written."""
+        if self.opts.inject_fail and self.totals["rows"] > 0:
+            self.flush()
+            raise InjectedFailure(f"featurize.inject_fail_task: task {task_index} fails on purpose")
+
+    def close(self) -> None:
+        c = time.process_time()
+        self._writer.close()
+        self.phases["write"] += time.process_time() - c
+
+    def finish(self, task_index: int, t0: float, c0: float, c: float, dictionary_path: str | None = None) -> dict:
+        """Write the quarantine and the group map; the task's result (``c``: when finishing began)."""
+        q_path = None
+        if len(self.quarantine):
+            q_path = fsutil.join(self.attempt_dir, QUARANTINE_FILE)
+            _, q_inner = fsutil.resolve(q_path)
+            pq.write_table(self.quarantine.table(), q_inner, filesystem=self.fs)
+        g_path = None
+        if self.group_map is not None and self.totals["rows"] > 0:  # a task without rows adds nothing to the map
+            g_path = fsutil.join(self.attempt_dir, groups.TASK_GROUPS_FILE)
+            groups.write_map(g_path, self.group_map)
+        clock = time.process_time
+        return {
+            "task": task_index,
+            "dictionary_path": dictionary_path,  # the task's token dictionary (pipeline.tokendict), merged by the driver
+            "data_path": self.data_path,
+            "quarantine_path": q_path,
+            "bytes": int(self.fs.get_file_info(self._data_inner).size),
+            "inputs": self.per_input,
+            "groups_path": g_path,  # the task's group map; the driver merges them, never collects them
+            "seconds": time.perf_counter() - t0,
+            "cpu_seconds": clock() - c0,
+            "phases": {**self.phases, "finish": clock() - c},
+            **self.totals,
+        }
+
+
 def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: TaskOptions, attempt_dir: str) -> dict:
     """Featurize ``pieces`` into ``attempt_dir``; return the task's counts and output paths.
 
@@ -153,41 +251,14 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
     clock = time.process_time
     c0 = clock()
     phases = dict.fromkeys(PHASES, 0.0)
-    fs, inner = fsutil.resolve(attempt_dir)
-    fs.create_dir(inner, recursive=True)
-    data_path = fsutil.join(attempt_dir, DATA_FILE)
-    _, data_inner = fsutil.resolve(data_path)
-    group_map = groups.new_map(spec.bits)  # None above GROUPS_MAX_BITS
-    parser = BlockParser(spec, opts.max_line_bytes, groups=group_map)  # the kernels update the map
-    quarantine = _Quarantine(opts.raw_cap)
+    out = TaskOutput(attempt_dir, spec.bits, opts, phases)
+    parser = BlockParser(spec, opts.max_line_bytes, groups=out.group_map)  # the kernels update the map
     tokens = (tokendict.TokenSample(spec, opts.dictionary_per_bucket, opts.dictionary_max_buckets)
               if opts.token_dictionary else None)
-    per_input: dict[str, dict] = {}
-    totals = {"rows": 0, "nnz": 0, "positives": 0.0, "weight_sum": 0.0, "multi_rows": 0}
-    pending: list[pa.RecordBatch] = []
-    pending_rows = 0
-    writer = open_writer(fs, data_inner, opts.compression)
-
-    def flush() -> None:
-        nonlocal pending, pending_rows
-        if pending:
-            c = clock()
-            writer.write_table(pa.Table.from_batches(pending), row_group_size=max(pending_rows, 1))
-            phases["write"] += clock() - c
-        pending, pending_rows = [], 0
-
-    def bad_line(src: str, line: int, offset: int, code: int, length: int, raw: bytes, stats: dict) -> None:
-        reason = REASONS[code]
-        if opts.on_error == "fail":
-            raise MalformedInput(src, line, offset, reason)
-        quarantine.add(src, line, offset, reason, length, raw)
-        stats["quarantined"][reason] = stats["quarantined"].get(reason, 0) + 1
-
     phases["setup"] = clock() - c0
     try:
         for piece in pieces:
-            stats = per_input.setdefault(piece.uri, {"lines": 0, "rows": 0, "quarantined": {}, "dropped": 0,
-                                                     "positives": 0, "negatives_kept": 0})
+            stats = out.stats(piece.uri)
             line_no = piece.first_line
             key = sampling.file_key(piece.uri, opts.sample_seed) if opts.negative_rate < 1.0 else 0
             blocks = iter_blocks(piece, opts.block_bytes, opts.max_line_bytes, opts.raw_cap)
@@ -198,7 +269,7 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
                 if item is None:
                     break
                 if isinstance(item, LongLine):
-                    bad_line(piece.uri, line_no, item.offset, LINE_TOO_LONG, item.length, item.head, stats)
+                    out.bad(piece.uri, line_no, item.offset, REASONS[LINE_TOO_LONG], item.length, item.head, stats)
                     line_no += 1
                     stats["lines"] += 1
                     continue
@@ -210,7 +281,7 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
                     for i in np.flatnonzero(pb.status):
                         s, ln = int(pb.line_start[i]), int(pb.line_len[i])
                         raw = item.data[s : s + min(ln, opts.raw_cap)].tobytes()
-                        bad_line(piece.uri, line_no + int(i), item.offset + s, int(pb.status[i]), ln, raw, stats)
+                        out.bad(piece.uri, line_no + int(i), item.offset + s, REASONS[int(pb.status[i])], ln, raw, stats)
                 if tokens is not None:
                     tokens.add_block(item.data, pb.status, pb.line_start, pb.line_len)
                 labels, indptr, indices, values, multi = pb.labels, pb.indptr, pb.indices, pb.values, pb.row_multi
@@ -225,62 +296,21 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
                     labels, multi = labels[keep], multi[keep]
                     owned = True
                 line_no += pb.n_lines
-                n_rows = labels.shape[0]
-                stats["rows"] += n_rows
-                if n_rows == 0:
-                    phases["rows"] += clock() - c1
-                    continue
-                n_pos = int(np.count_nonzero(labels))
-                stats["positives"] += n_pos
-                stats["negatives_kept"] += n_rows - n_pos
-                weights = sampling.row_weights(labels, opts.negative_rate)
-                totals["rows"] += n_rows
-                totals["nnz"] += int(indices.shape[0])
-                totals["positives"] += float(labels.sum(dtype=np.float64))
-                totals["weight_sum"] += float(weights.sum(dtype=np.float64))
-                totals["multi_rows"] += int(multi.sum())
-                if not owned:  # what the batch keeps as it is; indptr, values and multi go into new arrays
+                if labels.shape[0] and not owned:  # what the batch keeps as it is; indptr, values, multi are copied
                     labels, indices = labels.copy(), indices.copy()
-                pending.append(_arrow_batch(labels, indptr, indices, values, multi, weights))
-                pending_rows += n_rows
+                out.add(stats, labels, indptr, indices, values, multi, sampling.row_weights(labels, opts.negative_rate))
                 phases["rows"] += clock() - c1
-                if pending_rows >= opts.row_group_rows:
-                    flush()
-                if opts.inject_fail and totals["rows"] > 0:
-                    flush()
-                    raise InjectedFailure(f"featurize.inject_fail_task: task {task_index} fails on purpose")
-        flush()
+                out.flush(full_only=True)
+                out.fail_if_drilled(task_index)
+        out.flush()
     finally:
-        c = clock()
-        writer.close()
-        phases["write"] += clock() - c
+        out.close()
     c = clock()
-    q_path = None
-    if len(quarantine):
-        q_path = fsutil.join(attempt_dir, QUARANTINE_FILE)
-        _, q_inner = fsutil.resolve(q_path)
-        pq.write_table(quarantine.table(), q_inner, filesystem=fs)
-    g_path = None
-    if group_map is not None and totals["rows"] > 0:  # a task without rows adds nothing to the map
-        g_path = fsutil.join(attempt_dir, groups.TASK_GROUPS_FILE)
-        groups.write_map(g_path, group_map)
     t_path = None
     if tokens is not None and tokens.table().num_rows:
         t_path = fsutil.join(attempt_dir, tokendict.TASK_TOKENS_FILE)
         tokendict.write_table(t_path, tokens.table())
-    return {
-        "task": task_index,
-        "dictionary_path": t_path,  # the task's token dictionary (pipeline.tokendict), merged by the driver
-        "data_path": data_path,
-        "quarantine_path": q_path,
-        "bytes": int(fs.get_file_info(data_inner).size),
-        "inputs": per_input,
-        "groups_path": g_path,  # the task's group map; the driver merges them, never collects them
-        "seconds": time.perf_counter() - t0,
-        "cpu_seconds": clock() - c0,
-        "phases": {**phases, "finish": clock() - c},
-        **totals,
-    }
+    return out.finish(task_index, t0, c0, c, t_path)
 
 
 def task_times(results: list[dict]) -> dict:

@@ -171,15 +171,8 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
                 time.sleep(slow_s)  # chaos drill: a straggler whose output is complete
             yield result
 
-    try:  # every attempt has ended when it returns: no loser writes into the staging area later
-        results = collect_settled(sc, sc.parallelize(payload, len(payload)).mapPartitionsWithIndex(task_fn),
-                                  redact_text(f"terascale featurize: {len(files)} files -> {out}"))
-    except Exception as e:  # noqa: BLE001 - Spark wraps task errors in Py4J/Spark exceptions
-        fsutil.delete(root)
-        msg = _malformed_message(e)
-        if msg is not None:
-            raise FeaturizeError(msg) from None
-        raise FeaturizeError(f"featurize failed: {task_error_summary(e)}") from e
+    results = collect_tasks(sc, root, sc.parallelize(payload, len(payload)).mapPartitionsWithIndex(task_fn),
+                            f"terascale featurize: {len(files)} files -> {out}")
     times = task_times(results)  # the bench reads the record's task_times
     log.info("featurize: %s", format_task_times(times), extra={"task_times": times})
     try:
@@ -206,6 +199,20 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
         fsutil.delete(root)
         raise
     return manifest
+
+
+def collect_tasks(sc, root: str, rdd, description: str) -> list[dict]:
+    """The featurize tasks' results, once every attempt has ended (no loser writes into the
+    staging area ``root`` later); on failure ``root`` is deleted and the error is a
+    FeaturizeError naming the malformed line or summarizing Spark's error."""
+    try:
+        return collect_settled(sc, rdd, redact_text(description))
+    except Exception as e:  # noqa: BLE001 - Spark wraps task errors in Py4J/Spark exceptions
+        fsutil.delete(root)
+        msg = _malformed_message(e)
+        if msg is not None:
+            raise FeaturizeError(msg) from None
+        raise FeaturizeError(f"featurize failed: {task_error_summary(e)}") from e
 
 
 def _merge_groups(sc, spec: FeatureSpec, results: list[dict]) -> np.ndarray | None:

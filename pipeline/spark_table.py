@@ -34,7 +34,6 @@ import pyarrow as pa
 from terascale.pipeline import artifacts, fsutil
 from terascale.pipeline.featurize_task import TaskOptions, format_task_times, task_times
 from terascale.pipeline.manifest import merge_inputs
-from terascale.pipeline.redact import redact_text
 from terascale.pipeline.spark_errors import spark_error_summary
 from terascale.pipeline.spark_featurize import (
     TEMP_DIR,
@@ -42,11 +41,10 @@ from terascale.pipeline.spark_featurize import (
     FeaturizeError,
     _attempt_tag,
     _commit,
-    _malformed_message,
     _merge_groups,
     check_not_empty,
+    collect_tasks,
 )
-from terascale.pipeline.spark_settle import collect_settled
 from terascale.pipeline.spec import FeatureSpec
 from terascale.pipeline.table_kernel import LABEL, WEIGHT, SchemaError, _float64, check_schema
 from terascale.pipeline.table_sources import (
@@ -123,17 +121,6 @@ def run_table_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec
         raise
 
 
-def _run(sc, root_or_staging: str, rdd, description: str) -> list[dict]:
-    try:
-        return collect_settled(sc, rdd, redact_text(description))
-    except Exception as e:  # noqa: BLE001 - Spark wraps task errors in Py4J/Spark exceptions
-        fsutil.delete(root_or_staging)
-        msg = _malformed_message(e)
-        if msg is not None:
-            raise FeaturizeError(msg) from None
-        raise FeaturizeError(f"featurize failed: {spark_error_summary(e)}") from e
-
-
 # ---------------------------------------------------------------------------------------------
 # Files read by the tasks
 
@@ -173,7 +160,7 @@ def _file_read(spark, inputs, spec, fconf, opts, staging, out, root):
                 time.sleep(slow_s)
             yield result
 
-    results = _run(sc, root, sc.parallelize(payload, len(payload)).mapPartitionsWithIndex(task_fn),
+    results = collect_tasks(sc, root, sc.parallelize(payload, len(payload)).mapPartitionsWithIndex(task_fn),
                    f"terascale featurize: {len(files)} {fconf.input_format} files -> {out}")
     return spec, results, [f.uri for f in files]
 
@@ -326,7 +313,7 @@ def _spark_read(spark, inputs, table, where, spec, fconf, opts, staging, out):
 
     mapped = df.mapInArrow(task_fn, "result string")
     root = staging.rsplit("/", 1)[0]
-    rows = _run(sc, root, mapped.rdd, f"terascale featurize: {what} -> {out}")
+    rows = collect_tasks(sc, root, mapped.rdd, f"terascale featurize: {what} -> {out}")
     results = [json.loads(r["result"]) for r in rows]
     sources = sorted({u for r in results for u in r["inputs"]})
     return spec, results, sources

@@ -17,19 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from terascale.pipeline import fsutil, groups, sampling
-from terascale.pipeline.featurize_task import (
-    DATA_FILE,
-    QUARANTINE_FILE,
-    InjectedFailure,
-    MalformedInput,
-    TaskOptions,
-    _arrow_batch,
-    _Quarantine,
-    open_writer,
-)
+from terascale.pipeline import sampling
+from terascale.pipeline.featurize_task import PHASES, TaskOptions, TaskOutput
 from terascale.pipeline.rowkernels import REASONS
 from terascale.pipeline.spec import FeatureSpec
 from terascale.pipeline.table_kernel import LABEL, WEIGHT, featurize_batch
@@ -86,40 +76,11 @@ def run_table_task(task_index: int, batches: Iterable[tuple[str, int, pa.RecordB
     t0 = time.perf_counter()
     clock = time.process_time
     c0 = clock()
-    fs, inner = fsutil.resolve(attempt_dir)
-    fs.create_dir(inner, recursive=True)
-    data_path = fsutil.join(attempt_dir, DATA_FILE)
-    _, data_inner = fsutil.resolve(data_path)
-    group_map = groups.new_map(spec.bits)
-    quarantine = _Quarantine(opts.raw_cap)
-    per_input: dict[str, dict] = {}
-    totals = {"rows": 0, "nnz": 0, "positives": 0.0, "weight_sum": 0.0, "multi_rows": 0}
-    pending: list[pa.RecordBatch] = []
-    pending_rows = 0
-    phases = {"setup": clock() - c0, "read": 0.0, "parse": 0.0, "rows": 0.0, "write": 0.0}
-    writer = open_writer(fs, data_inner, opts.compression)
-
-    def stats_of(src: str) -> dict:
-        return per_input.setdefault(src, {"lines": 0, "rows": 0, "quarantined": {}, "dropped": 0,
-                                          "positives": 0, "negatives_kept": 0})
-
+    phases = dict.fromkeys(PHASES, 0.0)
+    out = TaskOutput(attempt_dir, spec.bits, opts, phases)
     for src in expected_sources:  # a piece with no records still counts its file
-        stats_of(src)
-
-    def bad(src: str, row: int, reason: str, raw: bytes, stats: dict) -> None:
-        if opts.on_error == "fail":
-            raise MalformedInput(src, row, 0, reason)
-        quarantine.add(src, row, 0, reason, len(raw), raw)
-        stats["quarantined"][reason] = stats["quarantined"].get(reason, 0) + 1
-
-    def flush() -> None:
-        nonlocal pending, pending_rows
-        if pending:
-            c = clock()
-            writer.write_table(pa.Table.from_batches(pending), row_group_size=max(pending_rows, 1))
-            phases["write"] += clock() - c
-        pending, pending_rows = [], 0
-
+        out.stats(src)
+    phases["setup"] = clock() - c0
     try:
         it = iter(batches)
         while True:
@@ -129,24 +90,23 @@ def run_table_task(task_index: int, batches: Iterable[tuple[str, int, pa.RecordB
             if item is None:
                 break
             src, first_row, b = item
-            stats = stats_of(src)
+            stats = out.stats(src)
             if isinstance(b, BadRecord):
                 stats["lines"] += 1
-                bad(src, b.row, b.reason, b.raw, stats)
+                out.bad(src, b.row, 0, b.reason, len(b.raw), b.raw, stats)
                 continue
             c = clock()
             try:
-                rows = featurize_batch(spec.table, spec.bits, spec.seed, cols.batch(b), group_map)
+                rows = featurize_batch(spec.table, spec.bits, spec.seed, cols.batch(b), out.group_map)
             except Exception as e:  # noqa: BLE001 - the error, named by its input
                 raise RuntimeError(f"{src}, records {first_row}..{first_row + b.num_rows - 1}: {e}") from e
             c1 = clock()
             phases["parse"] += c1 - c
-            n_in = b.num_rows
-            stats["lines"] += n_in
+            stats["lines"] += b.num_rows
             if rows.status.any():
                 where = np.flatnonzero(rows.status)
                 for k, raw in zip(where.tolist(), _raw(b, where), strict=True):
-                    bad(src, first_row + k, REASONS[int(rows.status[k])], raw, stats)
+                    out.bad(src, first_row + k, 0, REASONS[int(rows.status[k])], len(raw), raw, stats)
             labels, weights, indptr, indices, values, multi = (rows.labels, rows.weights, rows.indptr, rows.indices,
                                                               rows.values, rows.multi)
             if opts.negative_rate < 1.0 and labels.shape[0]:
@@ -156,44 +116,12 @@ def run_table_task(task_index: int, batches: Iterable[tuple[str, int, pa.RecordB
                 stats["dropped"] += int(keep.shape[0] - keep.sum())
                 indptr, indices, values = sampling.take_rows(indptr, indices, values, keep)
                 labels, weights, multi = labels[keep], weights[keep], multi[keep]
-            n_rows = labels.shape[0]
-            stats["rows"] += n_rows
-            if n_rows:
-                weights = (weights * sampling.row_weights(labels, opts.negative_rate)).astype(np.float32)
-                n_pos = int(np.count_nonzero(labels))
-                stats["positives"] += n_pos
-                stats["negatives_kept"] += n_rows - n_pos
-                totals["rows"] += n_rows
-                totals["nnz"] += int(indices.shape[0])
-                totals["positives"] += float(labels.sum(dtype=np.float64))
-                totals["weight_sum"] += float(weights.sum(dtype=np.float64))
-                totals["multi_rows"] += int(multi.sum())
-                pending.append(_arrow_batch(labels, indptr, indices, values, multi, weights))
-                pending_rows += n_rows
+            weights = (weights * sampling.row_weights(labels, opts.negative_rate)).astype(np.float32, copy=False)
+            out.add(stats, labels, indptr, indices, values, multi, weights)
             phases["rows"] += clock() - c1
-            if pending_rows >= opts.row_group_rows:
-                flush()
-            if opts.inject_fail and totals["rows"] > 0:
-                flush()
-                raise InjectedFailure(f"featurize.inject_fail_task: task {task_index} fails on purpose")
-        flush()
+            out.flush(full_only=True)
+            out.fail_if_drilled(task_index)
+        out.flush()
     finally:
-        c = clock()
-        writer.close()
-        phases["write"] += clock() - c
-    c = clock()
-    q_path = None
-    if len(quarantine):
-        q_path = fsutil.join(attempt_dir, QUARANTINE_FILE)
-        _, q_inner = fsutil.resolve(q_path)
-        pq.write_table(quarantine.table(), q_inner, filesystem=fs)
-    g_path = None
-    if group_map is not None and totals["rows"] > 0:
-        g_path = fsutil.join(attempt_dir, groups.TASK_GROUPS_FILE)
-        groups.write_map(g_path, group_map)
-    return {
-        "task": task_index, "dictionary_path": None, "data_path": data_path, "quarantine_path": q_path,
-        "bytes": int(fs.get_file_info(data_inner).size), "inputs": per_input, "groups_path": g_path,
-        "seconds": time.perf_counter() - t0, "cpu_seconds": clock() - c0,
-        "phases": {**phases, "finish": clock() - c}, **totals,
-    }
+        out.close()
+    return out.finish(task_index, t0, c0, clock())

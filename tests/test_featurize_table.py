@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from collections import Counter
 
 import numpy as np
@@ -18,10 +17,10 @@ import pytest
 
 from terascale.jobs.cli import main as cli_main
 from terascale.jobs.config import feature_spec, load_config
-from terascale.pipeline.manifest import read_manifest
 from terascale.pipeline.spark_table import run_table_featurize
 from terascale.pipeline.table_kernel import SchemaError
 from terascale.pipeline.table_spec import BadRow, record_label, record_row
+from tests.test_featurize_spark import _written_rows
 
 pytestmark = pytest.mark.spark
 
@@ -64,16 +63,6 @@ def _expected(spec, records: list[dict]) -> tuple[Counter, Counter]:
     return rows, reasons
 
 
-def _written(out) -> Counter:
-    m = read_manifest(str(out))
-    got = Counter()
-    for f in m["files"]:
-        t = pq.read_table(os.path.join(out, f["path"]))
-        for y, idx, val in zip(t["label"].to_pylist(), t["indices"].to_pylist(), t["values"].to_pylist(), strict=True):
-            got[(y, tuple(idx), tuple(val) if val is not None else (1.0,) * len(idx))] += 1
-    return got
-
-
 @pytest.fixture(scope="module")
 def logs(tmp_path_factory):
     d = tmp_path_factory.mktemp("tables")
@@ -113,7 +102,7 @@ def test_files_give_the_references_rows(spark, logs, tmp_path, fmt):
     d, parts = logs
     spec, m = _run(spark, [str(d / fmt)], tmp_path / "ds", [f"featurize.input_format={fmt}", "featurize.partitions=3"])
     rows, reasons = _expected(spec, _records(parts))
-    assert _written(tmp_path / "ds") == rows
+    assert _written_rows(tmp_path / "ds") == rows
     assert m["quarantine"]["by_reason"] == dict(reasons) and set(reasons) >= {"bad_label", "bad_numeric"}
     for p, t in zip(m["per_input"], parts, strict=True):  # rows in = written + quarantined, per file
         assert p["lines"] == t.num_rows == p["rows"] + p["quarantined"]
@@ -132,7 +121,7 @@ def test_csv_with_bad_rows_quarantines_them(spark, logs, tmp_path):
     spec, m = _run(spark, [str(src)], tmp_path / "ds", ["featurize.input_format=csv", "featurize.schema=clicks bigint, site string, app bigint, price double",
                                                        "featurize.columns=[{name: site, missing: token}, app, {name: price, kind: numeric, bucketing: log}]"])
     rows, reasons = _expected(spec, _records([parts[0].select(["clicks", "site", "app", "price"])]))
-    assert _written(tmp_path / "ds") == rows
+    assert _written_rows(tmp_path / "ds") == rows
     assert m["quarantine"]["by_reason"] == {**reasons, "unparsable": 1, "wrong_field_count": 1}
     q = pq.read_table(tmp_path / "ds" / "_quarantine").to_pylist()
     assert {(r["line"], r["reason"]) for r in q if r["reason"] in ("unparsable", "wrong_field_count")} == {
@@ -154,7 +143,7 @@ def test_catalog_table_with_a_partition_filter_and_an_expression(spark, logs, tm
     recs = [dict(r, hour=r["ts"].astimezone(dt.UTC).hour) for r in _records([t.select(["clicks", "site", "app", "ts", "dt"])])
             if r["dt"] == "2026-11-27"]
     rows, reasons = _expected(spec, recs)
-    assert _written(tmp_path / "ds") == rows
+    assert _written_rows(tmp_path / "ds") == rows
     assert m["lines"] == len(recs) and m["quarantine"]["by_reason"] == dict(reasons)
     assert m["options"]["table"] == "ad_logs_test" and m["options"]["where"] == "dt = '2026-11-27'"
 
@@ -165,7 +154,7 @@ def test_negative_downsampling_accounts_for_every_row(spark, logs, tmp_path):
     for p in m["per_input"]:
         assert p["lines"] == p["rows"] + p["dropped"] + p["quarantined"] and p["dropped"] > 0
     _, again = _run(spark, [str(d / "parquet")], tmp_path / "ds2", ["featurize.negative_rate=0.25", "featurize.partitions=1"])
-    assert _written(tmp_path / "ds") == _written(tmp_path / "ds2")  # the decisions do not depend on the split
+    assert _written_rows(tmp_path / "ds") == _written_rows(tmp_path / "ds2")  # the decisions do not depend on the split
 
 
 def test_schema_problems_stop_before_spark_with_exit_code_2(spark, logs, tmp_path, capsys):
