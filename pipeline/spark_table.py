@@ -4,7 +4,7 @@ Two ways in, one task and one commit:
 
 - **Files** (``--input`` with ``featurize.input_format`` parquet, orc, json or csv) and a spec
   without expressions: each task reads its pieces itself with pyarrow (``pipeline.table_sources``:
-  Parquet row groups and ORC stripes split across tasks, JSON and CSV files whole), as the text
+  Parquet row groups split across tasks, ORC, JSON and CSV files whole), as the text
   formats do; Spark only schedules, retries and speculates.
 - **Spark reads** (a catalog table, ``--table db.logs --where "dt = '2026-11-27'"``, or a spec
   with Spark SQL expressions): Spark reads and projects the rows (label, weight, each field as

@@ -2,8 +2,9 @@
 each featurize task itself with pyarrow (any pyarrow filesystem), as batches of the columns the
 spec needs, each with its file and the 1-based number of its first record there.
 
-The driver plans (:func:`plan_pieces`): a Parquet file splits into runs of row groups, an ORC
-file into runs of stripes, a JSON-lines or CSV file goes whole to one task. Record numbers are
+The driver plans (:func:`plan_pieces`) from the files' footers: a Parquet file splits into runs
+of row groups; an ORC, JSON-lines or CSV file goes whole to one task (and is read whole into its
+memory: JSON and CSV). Record numbers are
 the record's position in its file (for CSV with a header, the header is not a record), so the
 negative-downsampling decisions and the quarantine's ``line`` do not depend on the split. A
 JSON or CSV record that does not parse becomes a bad record (``unparsable``, or
@@ -184,8 +185,8 @@ def file_schema(uri: str, opts: ReadOptions) -> pa.Schema:
 
 
 def plan_pieces(files: list[fsutil.InputFile], fmt: str, n_tasks_hint: int) -> list[TablePiece]:
-    """The pieces of the input files: Parquet row groups and ORC stripes in runs of about a
-    task's share of the bytes; JSON and CSV files whole."""
+    """The pieces of the input files: Parquet row groups in runs of about a task's share of the
+    bytes; ORC, JSON and CSV files whole."""
     total = sum(f.size for f in files)
     share = max(1, total // max(1, n_tasks_hint))
     out: list[TablePiece] = []
@@ -198,14 +199,14 @@ def plan_pieces(files: list[fsutil.InputFile], fmt: str, n_tasks_hint: int) -> l
             except (pa.ArrowInvalid, OSError) as e:
                 raise TableInputError(f"{f.uri}: not a Parquet file ({e})") from None
             units = [(md.row_group(i).num_rows, md.row_group(i).total_byte_size) for i in range(md.num_row_groups)]
-        elif fmt == "orc":
+        elif fmt == "orc":  # whole files: ORC's per-stripe row counts are not in its footer's pyarrow view
             try:
                 with fs.open_input_file(inner) as fh:
-                    o = paorc.ORCFile(fh)
-                    units = [(o.read_stripe(i, columns=[]).num_rows if o.nstripes > 1 else o.nrows,
-                              f.size // max(o.nstripes, 1)) for i in range(o.nstripes)]
+                    stripes = paorc.ORCFile(fh).nstripes
             except (pa.ArrowInvalid, OSError) as e:
                 raise TableInputError(f"{f.uri}: not an ORC file ({e})") from None
+            out.append(TablePiece(f.uri, fmt, 0, stripes, 1, f.size))
+            continue
         else:
             out.append(TablePiece(f.uri, fmt, 0, 1, 1, f.size))
             continue
