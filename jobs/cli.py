@@ -100,12 +100,16 @@ def _resolve(args) -> object:
 def cmd_generate(args) -> int:
     from terascale.pipeline.generate import generate_clicklogs
 
+    if args.kind == "adlog":
+        return _generate_adlog(args)
     if args.rows < 0:
         raise UsageError(f"--rows {args.rows}: must be >= 0")
     if args.files < 1:
         raise UsageError(f"--files {args.files}: must be >= 1")
     if not 0.0 <= args.malformed_rate <= 1.0:
         raise UsageError(f"--malformed-rate {args.malformed_rate}: must be in [0, 1]")
+    if args.positive_rate is None:
+        args.positive_rate = 0.25
     if not 0.001 <= args.positive_rate <= 0.999:
         raise UsageError(f"--positive-rate {args.positive_rate}: must be in [0.001, 0.999]")
     summary = generate_clicklogs(
@@ -116,12 +120,36 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _generate_adlog(args) -> int:
+    """The ad-log table (``pipeline.gen_adlog``): Parquet and JSON lines, truth.json, and
+    adlog.yaml, a featurize configuration for it."""
+    import os
+
+    from terascale.pipeline.gen_adlog import ADLOG_SPEC_YAML, write_adlog
+
+    if args.malformed_rate or args.with_prob or args.gzip:
+        raise UsageError("--kind adlog: --malformed-rate, --with-prob and --gzip are for Criteo logs")
+    rate = 0.05 if args.positive_rate is None else args.positive_rate
+    try:
+        summary = write_adlog(args.out, args.rows, seed=args.seed, files=args.files, click_rate=rate)
+    except (ValueError, FileExistsError) as e:
+        raise UsageError(f"generate --kind adlog: {e}") from None
+    conf = os.path.join(args.out, "adlog.yaml")
+    with open(conf + ".tmp", "w", encoding="utf-8") as f:
+        f.write(ADLOG_SPEC_YAML)
+    os.replace(conf + ".tmp", conf)
+    _say(json.dumps({**summary, "featurize_conf": conf}, indent=2, default=str))
+    return 0
+
+
 def cmd_featurize(args) -> int:
     sets = list(args.sets)
     if args.table is not None:
         sets.append(f"featurize.table={args.table}")
     if args.where is not None:
         sets.append(f"featurize.where={args.where}")
+    if args.spec_from is not None:
+        sets.append(f"featurize.spec_from={args.spec_from}")
     args.sets = sets
     cfg = _resolve(args)
     if bool(args.input) == bool(cfg.featurize.table):
@@ -366,7 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    g = sub.add_parser("generate", help="write realistic synthetic Criteo click logs")
+    g = sub.add_parser("generate", help="write realistic synthetic click logs (Criteo TSV, or an ad-log table)")
+    g.add_argument("--kind", choices=("criteo", "adlog"), default="criteo",
+                   help="criteo: Criteo TSV lines; adlog: an ad-log table of its own schema (Parquet and JSON lines, "
+                        "rows in time order, with adlog.yaml, a featurize configuration for it)")
     g.add_argument("--rows", type=int, required=True, metavar="N", help="number of lines to write")
     g.add_argument("--out", required=True, metavar="DIR", help="output directory")
     g.add_argument("--files", type=int, default=1, metavar="N", help="number of files, written in parallel")
@@ -374,13 +405,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--malformed-rate", type=float, default=0.0, metavar="R", help="fraction of malformed lines of every kind")
     g.add_argument("--with-prob", action="store_true", help="also write each line's true click probability")
     g.add_argument("--gzip", action="store_true", help="gzip the files")
-    g.add_argument("--positive-rate", type=float, default=0.25, metavar="P",
-                   help="click rate of the planted model (0.25 as Criteo's public sample; raw logs: 0.003-0.03)")
+    g.add_argument("--positive-rate", type=float, default=None, metavar="P",
+                   help="click rate of the planted model (default 0.25 for criteo, as Criteo's public sample; "
+                        "0.05 for adlog; raw logs: 0.003-0.03)")
     g.set_defaults(fn=cmd_generate)
 
     f = sub.add_parser("featurize", help="parse and hash raw click logs into Parquet (on Spark)")
     f.add_argument("--input", nargs="+", metavar="PATH", help="files, directories or globs (local, hdfs://, s3://)")
     f.add_argument("--table", metavar="DB.NAME", help="featurize.format=table: a catalog table instead of --input files")
+    f.add_argument("--spec-from", metavar="DIR", help="featurize with the feature spec of this dataset or model "
+                   "(learned quantile boundaries included), e.g. the test set with its training set's")
     f.add_argument("--where", metavar="SQL", help="featurize.format=table: a Spark SQL filter of the rows, e.g. \"dt = '2026-11-27'\"")
     f.add_argument("--output", required=True, metavar="DIR", help="dataset directory (new, empty, or a dataset with --overwrite)")
     _add_overwrite_arg(f, "a dataset", "featurize.overwrite")

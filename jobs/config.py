@@ -97,6 +97,10 @@ class FeaturizeConf:
     libsvm_index_base: int = param(
         1, "LibSVM feature indices start at this number (1 for standard LibSVM files)", OneOf((0, 1))
     )
+    spec_from: str = param(
+        "", "a dataset or model directory (or a model pointer) whose feature specification this run uses instead of "
+        "the one configured here, learned quantile boundaries included: featurize test or serving data as the "
+        "training data was (--spec-from)")
     input_format: str = param(
         "parquet", "format table: the format of the --input files (json = JSON lines)", OneOf(INPUT_FORMATS))
     table: str = param("", "format table: a catalog table to read instead of --input files (db.name; --table)")

@@ -80,7 +80,7 @@ def _check(data_dir: str, model_dir: str) -> tuple[dict, dict]:
     if diff:
         raise modeldir.ModelError(
             f"model {model_dir} and dataset {data_dir} were featurized differently ({', '.join(diff)}); "
-            "re-featurize the data with the model's spec"
+            f"re-featurize the data with the model's spec (terascale featurize ... --spec-from {model_dir})"
         )
     return m, meta
 

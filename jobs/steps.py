@@ -14,7 +14,7 @@ def featurize(cfg, inputs: list[str], output: str) -> dict:
     from terascale.jobs.session import get_spark
     from terascale.pipeline.spark_featurize import check_output, run_featurize
 
-    spec = feature_spec(cfg)
+    spec = spec_from(cfg.featurize.spec_from) if cfg.featurize.spec_from else feature_spec(cfg)
     check_output(inputs, output, cfg.featurize.overwrite)  # before the session starts
     if spec.format == "table":
         from terascale.pipeline.spark_table import run_table_featurize
@@ -24,6 +24,20 @@ def featurize(cfg, inputs: list[str], output: str) -> dict:
         return run_table_featurize(spark, inputs, output, spec, f, table=f.table, where=f.where)
     spark = get_spark(cfg.spark)
     return run_featurize(spark, inputs, output, spec, cfg.featurize)
+
+
+def spec_from(path: str):
+    """The feature spec a dataset (its manifest) or a model (its metadata) was featurized with."""
+    from terascale.pipeline import fsutil, manifest, modeldir
+    from terascale.pipeline.pointer import resolve_model
+    from terascale.pipeline.spec import FeatureSpec
+
+    if fsutil.exists(fsutil.join(fsutil.normalize(path), manifest.MANIFEST)):
+        return FeatureSpec.from_json(manifest.read_manifest(path)["spec"])
+    try:
+        return FeatureSpec.from_json(modeldir.load_metadata(resolve_model(path))["spec"])
+    except modeldir.ModelError as e:
+        raise fsutil.InputError(f"featurize.spec_from = {path!r}: neither a terascale dataset nor a model ({e})") from None
 
 
 def featurize_summary(m: dict) -> str:

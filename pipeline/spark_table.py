@@ -166,7 +166,9 @@ def _file_read(spark, inputs, spec, fconf, opts, staging, out, root):
 
 
 def _quantile_fields(spec: FeatureSpec) -> list:
-    return [f for f in spec.table.fields if f.bucketing == "quantile"]
+    """The quantile fields whose boundaries are still to learn (a spec taken from a dataset or a
+    model, ``featurize.spec_from``, has them)."""
+    return [f for f in spec.table.fields if f.bucketing == "quantile" and not f.boundaries]
 
 
 def summary_points(x: np.ndarray, k: int = QUANTILE_POINTS) -> tuple[list[float], int]:

@@ -167,3 +167,26 @@ def test_schema_problems_stop_before_spark_with_exit_code_2(spark, logs, tmp_pat
     rc = cli_main(["featurize", "--input", str(d / "parquet"), "--output", str(tmp_path / "y"),
                    *sum((["--set", s] for s in BASE + ["featurize.columns=[{name: site, kind: numeric}, app]"]), [])])
     assert rc == 2 and "column 'site'" in capsys.readouterr().err and not (tmp_path / "y").exists()
+
+
+def test_test_data_takes_the_training_specs_learned_boundaries(spark, logs, tmp_path):
+    """A quantile field learns its boundaries on the data it featurizes; --spec-from takes a
+    dataset's (boundaries included), so test data is bucketed as its training data was."""
+    from terascale.jobs.steps import spec_from
+
+    d, parts = logs
+    q = ["featurize.columns=[site, app, {name: price, kind: numeric, bucketing: quantile, quantiles: 8}]"]
+    spec, m = _run(spark, [str(d / "parquet" / "part-0.parquet")], tmp_path / "train", q)
+    learned = m["spec"]["table"]["fields"][2]["boundaries"]
+    assert len(learned) == 7 and learned == sorted(learned)
+    prices = np.sort(parts[0]["price"].to_numpy())
+    prices = prices[np.isfinite(prices)]
+    for k, b in enumerate(learned, start=1):  # each boundary near its quantile (summaries of 2001 points)
+        assert abs(np.searchsorted(prices, b) / prices.shape[0] - k / 8) < 0.01
+    other = run_table_featurize(spark, [str(d / "parquet" / "part-1.parquet")], str(tmp_path / "own"), spec,
+                                load_config([], BASE + q).featurize)
+    assert other["spec"]["table"]["fields"][2]["boundaries"] != learned  # learned again on other rows
+    cfg = load_config([], BASE + q + [f"featurize.spec_from={tmp_path / 'train'}"])
+    test = run_table_featurize(spark, [str(d / "parquet" / "part-1.parquet")], str(tmp_path / "test"),
+                               spec_from(cfg.featurize.spec_from), cfg.featurize)
+    assert test["spec"] == m["spec"]

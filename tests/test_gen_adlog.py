@@ -185,3 +185,15 @@ def test_ts_is_utc_wall_time(data):
     t, _ = data
     first = t.column("ts")[0].as_py()
     assert first.tzinfo is None and first >= dt.datetime(2026, 11, 20)
+
+
+def test_cli_generates_the_table_and_its_featurize_conf(tmp_path, capsys):
+    from terascale.jobs.cli import main as cli_main
+    from terascale.jobs.config import feature_spec, load_config
+
+    assert cli_main(["generate", "--kind", "adlog", "--rows", "3000", "--files", "2", "--out", str(tmp_path / "ad")]) == 0
+    assert sorted(p.name for p in (tmp_path / "ad" / "parquet").iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
+    spec = feature_spec(load_config([tmp_path / "ad" / "adlog.yaml"]))
+    assert spec.format == "table" and spec.table.label == "clicked"
+    assert cli_main(["generate", "--kind", "adlog", "--rows", "10", "--out", str(tmp_path / "ad")]) == 2  # not empty
+    assert "not empty" in capsys.readouterr().err
