@@ -354,12 +354,27 @@ def numeric_part(f: Field, arr: pa.Array, seed: int, mask: int) -> Part:
         _log_buckets(x, valid, b)
     else:
         b = np.searchsorted(np.asarray(f.boundaries, np.float64), x, side="right").astype(np.int64)
-    uniq, inv = np.unique(b[valid], return_inverse=True)
+    uniq, inv = _distinct_ints(b[valid])
     codes = np.full(x.shape[0], -1, np.int64)
     codes[valid] = inv
     text = pa.array(uniq).cast(pa.string())
     data, off, index, _ = _table(f"{f.name}=".encode(), text, seed, mask, f.missing == "token", False)
     return _single(f, codes, None, (data, off, index), bad)
+
+
+def _distinct_ints(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(v, return_inverse=True), by a lookup table when the values span a small range
+    (bucket numbers: no sort)."""
+    if v.shape[0] == 0:
+        return v, v
+    lo, hi = int(v.min()), int(v.max())
+    if hi - lo >= 1 << 16:
+        return np.unique(v, return_inverse=True)
+    seen = np.zeros(hi - lo + 1, np.bool_)
+    seen[v - lo] = True
+    uniq = np.flatnonzero(seen)
+    code = np.cumsum(seen) - 1
+    return uniq + lo, code[v - lo]
 
 
 def _capped(f: Field, offsets: np.ndarray, keep: np.ndarray, bad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -550,20 +565,44 @@ def cross_part(parts: list[Part], row_ok: np.ndarray, seed: int, mask: int) -> P
 # Assembly
 
 
+RANK_SORT_MAX = 64  # rows up to this many entries sort by branch-free ranking, longer ones by merge sort
+
+
+@njit(cache=True)  # not inlined: LLVM vectorizes the ranking loop only in its own function
+def _rank_sort(bi, m, key, srt):
+    """srt[:m] = the positions of bi[:m] in stable ascending order (m <= RANK_SORT_MAX): each
+    entry's rank is the number of smaller keys index << 6 | position (unique), padded to a
+    multiple of 8 lanes, branch-free."""
+    mm = (m + 7) & ~7
+    for j in range(m):
+        key[j] = (bi[j] << 6) | j
+    for j in range(m, mm):
+        key[j] = np.int64(1) << 62
+    for i in range(m):
+        ki = key[i]
+        rank = 0
+        for j in range(mm):
+            rank += np.int64(key[j] < ki)
+        srt[rank] = ki & 63
+
+
 @njit(cache=True)
-def _assemble(cnt, hid, hstart, vals, vstart, row_ok, cap, out_ptr, out_idx, out_val, out_multi, groups, use_groups):
-    """The good rows, compacted: row r takes part p's next cnt[p, r] hashed indices from ``hid``
-    (part p's start at ``hstart[p]``; its values from ``vals`` at ``vstart[p]``, or 1 when that
-    is -1), in part order; the
-    entries are sorted by index (stable: equal indices keep token order) and merged (values
-    summed in float64 in token order, then float32). A merged entry's group is its smallest part
-    number (at most 254); ``groups`` is lowered to it. Returns the non-zeros written."""
+def _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, cap, out_ptr, out_idx, out_val, out_multi,
+              groups, use_groups):
+    """The good rows, compacted: row r takes part p's next cnt[p, r] token ids from ``ids``
+    (part p's from ``istart[p]``), each the hashed index ``tables[tstart[p] + id]``, and its
+    values from ``vals`` at ``vstart[p]`` (1 when that is -1), in part order. The entries are
+    sorted by index (stable: equal indices keep token order) and merged (values summed in
+    float64 in token order, then float32). A merged entry's group is its smallest part number
+    (at most 254); ``groups`` is lowered to it. Returns the non-zeros written."""
     n_parts, n = cnt.shape
-    cur = hstart.copy()
+    cur = istart.copy()
     vcur = vstart.copy()
-    bi = np.empty(cap, np.int64)
+    bi = np.empty(max(cap, RANK_SORT_MAX), np.int64)
     bv = np.empty(cap, np.float32)
     bg = np.empty(cap, np.uint8)
+    key = np.empty(max(cap, RANK_SORT_MAX) + 8, np.int64)
+    srt = np.empty(max(cap, RANK_SORT_MAX), np.int64)
     w = 0
     k = 0
     for r in range(n):
@@ -573,7 +612,7 @@ def _assemble(cnt, hid, hstart, vals, vstart, row_ok, cap, out_ptr, out_idx, out
             if row_ok[r]:
                 base = cur[p]
                 for j in range(c):
-                    bi[m] = hid[base + j]
+                    bi[m] = tables[tstart[p] + ids[base + j]]
                     bv[m] = vals[vcur[p] + j] if vstart[p] >= 0 else np.float32(1.0)
                     bg[m] = min(p, 254)
                     m += 1
@@ -582,36 +621,32 @@ def _assemble(cnt, hid, hstart, vals, vstart, row_ok, cap, out_ptr, out_idx, out
                 vcur[p] += c
         if not row_ok[r]:
             continue
-        if m > 48:  # long rows: a stable merge sort
+        if m <= RANK_SORT_MAX:
+            # rank of each entry = entries smaller, ties broken by position (stable): unique keys
+            # index << 6 | position, padded to a multiple of 8 lanes; branch-free, vectorizes
+            _rank_sort(bi, m, key, srt)
+        else:
             order = np.argsort(bi[:m], kind="mergesort")
-            bi[:m] = bi[:m][order]
-            bv[:m] = bv[:m][order]
-            bg[:m] = bg[:m][order]
-        else:  # short rows: a stable insertion sort
-            for i in range(1, m):
-                ki, kv, kg = bi[i], bv[i], bg[i]
-                j = i - 1
-                while j >= 0 and bi[j] > ki:
-                    bi[j + 1], bv[j + 1], bg[j + 1] = bi[j], bv[j], bg[j]
-                    j -= 1
-                bi[j + 1], bv[j + 1], bg[j + 1] = ki, kv, kg
+            for i in range(m):
+                srt[i] = order[i]
         multi = False
         j = 0
         while j < m:
-            key = bi[j]
-            acc = np.float64(bv[j])
-            g = bg[j]
+            q = srt[j]
+            ix = bi[q]
+            acc = np.float64(bv[q])
+            g = bg[q]
             j += 1
-            while j < m and bi[j] == key:
-                acc += np.float64(bv[j])
-                g = min(g, bg[j])
+            while j < m and bi[srt[j]] == ix:
+                acc += np.float64(bv[srt[j]])
+                g = min(g, bg[srt[j]])
                 j += 1
             v = np.float32(acc)
-            out_idx[w] = key
+            out_idx[w] = ix
             out_val[w] = v
             multi = multi or v != np.float32(1.0)
-            if use_groups and g < groups[key]:
-                groups[key] = g
+            if use_groups and g < groups[ix]:
+                groups[ix] = g
             w += 1
         out_multi[k] = multi
         k += 1
@@ -704,9 +739,12 @@ def featurize_batch(spec: TableSpec, bits: int, seed: int, batch: pa.RecordBatch
     status[too_many] = TOO_MANY
     row_ok = status == 0
     cnt = np.stack([p.cnt for p in parts]) if parts else np.zeros((0, n), np.int32)
-    hid = np.concatenate([p.index[p.ids] for p in parts] + [np.zeros(0, np.int64)]).astype(np.int64, copy=False)
-    hstart = np.zeros(len(parts), np.int64)
-    np.cumsum([p.ids.shape[0] for p in parts[:-1]], out=hstart[1:])
+    ids = np.concatenate([p.ids for p in parts] + [np.zeros(0, np.int64)]).astype(np.int64, copy=False)
+    istart = np.zeros(len(parts), np.int64)
+    np.cumsum([p.ids.shape[0] for p in parts[:-1]], out=istart[1:])
+    tables = np.concatenate([p.index for p in parts] + [np.zeros(0, np.int64)]).astype(np.int64, copy=False)
+    tstart = np.zeros(len(parts), np.int64)
+    np.cumsum([p.index.shape[0] for p in parts[:-1]], out=tstart[1:])
     with_vals = [p.vals for p in parts if p.vals is not None]
     vals = np.concatenate(with_vals + [np.zeros(0, np.float32)]).astype(np.float32, copy=False)
     sizes = np.array([p.vals.shape[0] if p.vals is not None else 0 for p in parts], np.int64)
@@ -719,7 +757,7 @@ def featurize_batch(spec: TableSpec, bits: int, seed: int, batch: pa.RecordBatch
     multi = np.zeros(keep.shape[0], np.bool_)
     use_groups = groups is not None
     with np.errstate(over="ignore"):
-        w = _assemble(cnt, hid, hstart, vals, vstart, row_ok, max(int(counts[keep].max(initial=0)), 1), out_ptr, idx,
+        w = _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, max(int(counts[keep].max(initial=0)), 1), out_ptr, idx,
                       val, multi, groups if use_groups else np.zeros(1, np.uint8), use_groups)
     idx, val = idx[:w], val[:w]
     if not np.isfinite(val).all():  # a summed value beyond float32: the row is bad after all
