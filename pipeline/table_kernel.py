@@ -314,8 +314,20 @@ def _single(f: Field, codes: np.ndarray, vals: np.ndarray | None, table: tuple, 
     return Part(has.astype(np.int32), codes[has], None if vals is None else vals[has], data, off, index, bad)
 
 
+def _used(codes: np.ndarray, dictionary: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """Codes and dictionary reduced to the entries the batch uses, when the dictionary is large
+    beside the batch (a column chunk's whole dictionary): only those are formatted and hashed."""
+    if len(dictionary) <= max(1024, codes.shape[0] // 4):
+        return codes, dictionary
+    used, remap = _distinct_ints(codes[codes >= 0])
+    out = np.full(codes.shape[0], -1, np.int64)
+    out[codes >= 0] = remap
+    return out, dictionary.take(pa.array(used))
+
+
 def categorical_part(f: Field, arr: pa.Array, seed: int, mask: int) -> Part:
     codes, dictionary, binary = _canonical_codes(arr)
+    codes, dictionary = _used(codes, dictionary)
     data, off, index, ok = _table(f"{f.name}=".encode(), dictionary, seed, mask, f.missing == "token", binary)
     bad = None
     if ok is not None and not ok.all():

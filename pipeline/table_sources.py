@@ -255,7 +255,10 @@ def read_piece(piece: TablePiece, opts: ReadOptions) -> Iterator[tuple[int, pa.R
     cols = list(opts.columns)
     if piece.fmt == "parquet":
         with fs.open_input_file(inner) as fh:
-            pf = pq.ParquetFile(fh, read_dictionary=_string_columns(pq.ParquetFile(fh).schema_arrow, cols))
+            pf = pq.ParquetFile(fh)
+            keep = _small_dictionaries(pf, piece.first, cols, opts.batch_rows)
+            if keep:
+                pf = pq.ParquetFile(fh, read_dictionary=keep)
             row = piece.first_row
             for b in pf.iter_batches(batch_size=opts.batch_rows, row_groups=range(piece.first, piece.first + piece.count),
                                      columns=cols, use_threads=False):
@@ -277,10 +280,28 @@ def read_piece(piece: TablePiece, opts: ReadOptions) -> Iterator[tuple[int, pa.R
     yield from (_read_json(data, opts) if piece.fmt == "json" else _read_csv(data, opts))
 
 
-def _string_columns(schema: pa.Schema, cols: list[str]) -> list[str]:
-    """The columns to read as dictionaries (strings: Parquet's own dictionary pages are kept)."""
-    return [c for c in cols if c in schema.names and (pa.types.is_string(schema.field(c).type)
-                                                       or pa.types.is_large_string(schema.field(c).type))]
+def _small_dictionaries(pf: pq.ParquetFile, row_group: int, cols: list[str], batch_rows: int) -> list[str]:
+    """The string columns to read as dictionaries: those whose dictionary page (in the piece's
+    first row group) is small beside a batch. pyarrow hands every batch the column chunk's whole
+    dictionary, so a large one (10^6 ids) would be copied and hashed per batch; such a column is
+    read as strings and each batch's distinct values are found by the kernel instead."""
+    schema, md = pf.schema_arrow, pf.metadata
+    if md.num_row_groups == 0:
+        return []
+    rg = md.row_group(row_group)
+    limit = 8 * batch_rows  # dictionary page bytes: about a batch's worth of short strings
+    out = []
+    for i in range(rg.num_columns):
+        c = rg.column(i)
+        name = c.path_in_schema
+        if name not in cols or name not in schema.names:
+            continue
+        t = schema.field(name).type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t)) or not c.has_dictionary_page:
+            continue
+        if c.data_page_offset - c.dictionary_page_offset <= limit:
+            out.append(name)
+    return out
 
 
 def _batches(t: pa.Table, first_row: int, n: int) -> Iterator[tuple[int, pa.RecordBatch]]:
