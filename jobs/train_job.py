@@ -32,7 +32,7 @@ from terascale.pipeline import artifacts, fsutil, modeldir, shard_cache
 from terascale.pipeline.dataset import plan_shards
 from terascale.pipeline.manifest import MANIFEST, DatasetError, read_manifest
 from terascale.pipeline.pointer import resolve_model, served_by
-from terascale.pipeline.sampling import dataset_negative_rate
+from terascale.pipeline.sampling import dataset_negative_rate, population_rows
 from terascale.pipeline.spark_errors import spark_error_summary
 from terascale.pipeline.spec import check_bits
 from terascale.solvers.catalogue import solver_spec
@@ -236,6 +236,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str, tracking: dict 
         cache=shard_cache.CacheSpec(cache["mode"], cache["budget_bytes"], t.threads, t.memory_budget_mb, t.cache_dir,
                                     cache["spark_local_dir"], run_id),
         recalibrate=recal_on,
+        path_rows=population_rows(manifest),
     )
     log.info("train: %s solver, %d workers + %d spares, %d rows in %d files, 2^%d features",
              params.solver, t.workers, t.spares, manifest["rows"], len(manifest["files"]), spec["bits"])

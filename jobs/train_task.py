@@ -107,6 +107,7 @@ class TaskSpec:
     groups_path: str = ""  # the dataset's group map, for L-BFGS's coarse correction ("" = none)
     cache: CacheSpec = CacheSpec()  # where the shard lives: memory, or the local shard cache (disk)
     recalibrate: bool = False  # fit σ(a·m + c) on the held-out rows after training (solvers.recalibration)
+    path_rows: int = 0  # N of the regularization path: the rows the data stands for (pipeline.sampling.population_rows)
 
 
 def _progress_hook(ctx, spec: TaskSpec):
@@ -219,7 +220,7 @@ def _train(ctx, spec: TaskSpec, cache: ShardCache | None) -> dict:
     def fit(resume_state):
         return train(train_data, comm, spec.params, holdout=holdout, on_pass_end=on_pass_end,
                      resume=resume_state, progress=progress, init=init, groups=groups, consume_data=True,
-                     path_rows=sum(part.rows for shard in spec.shards for part in shard))
+                     path_rows=spec.path_rows or sum(part.rows for shard in spec.shards for part in shard))
 
     with comm:
         try:

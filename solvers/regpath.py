@@ -4,8 +4,9 @@
 
     λ_k = λ_first · 10^(−4k / (n − 1)),   k = 0 … n − 1,   λ_first = 100 / N,  n = 8,
 
-N the dataset's rows (``train(path_rows=N)``; the train job passes the rows of all its shards,
-so every rank has the same values before its first collective, which by design comes only after
+N the dataset's rows (``train(path_rows=N)``; the train job passes the rows the data stands for,
+every row of its shards or, for negatives kept at rate r and weighted 1/r, the rows before
+downsampling, ``pipeline.sampling.population_rows``; so every rank has the same values before its first collective, which by design comes only after
 the first pass over the data: speculative execution, :mod:`solvers.setup`). The values are stated
 for the mean-form objective with feature values of order 1, which hashed tokens have (value 1):
 the penalty then shrinks a feature seen in n_j = φ·N rows by about a factor

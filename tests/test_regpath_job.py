@@ -183,3 +183,16 @@ def test_l1_auto_fits_an_l1_path_and_evaluate_uses_its_choice(spark, data, tmp_p
     page = open(build_report(str(out), str(tmp_path / "metrics.json"), str(tmp_path / "r"))).read()
     assert f"l1 auto: {reg['value']:g}" in page and "<th>non-zeros</th>" in page
     assert np.isfinite(b)
+
+
+def test_a_downsampled_datasets_path_follows_the_rows_it_stands_for(spark, data, tmp_path):
+    """Negatives kept at rate r and weighted 1/r stand for every row before downsampling: the
+    path starts at 100 / those rows, as it would on every row (not at 100 / the kept rows)."""
+    spec = FeatureSpec(fields=CRITEO_FIELDS, bits=16, seed=0)
+    m = run_featurize(spark, [str(data / "raw")], str(tmp_path / "s"), spec,
+                      load_config([], ["featurize.partitions=2", "featurize.negative_rate=0.25"]).featurize)
+    before = m["sampling"]["before"]["rows"]
+    assert before == 6000 > m["rows"]
+    meta = run_train(spark, load_config([], BASE + ["train.passes=3"]), str(tmp_path / "s"), str(tmp_path / "m"))
+    reg = meta["regularization"]
+    assert reg["rows"] == before and reg["steps"][0]["l2"] == pytest.approx(100 / before)
