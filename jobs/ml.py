@@ -12,7 +12,8 @@ The training params are generated from the configuration schema (``jobs.ml_param
 the schema when set. ``fit`` takes a featurized DataFrame or the path of a featurized dataset
 directory and trains with ``jobs.train_job.run_train`` (a barrier stage; see ``jobs.ml_data``
 for when a DataFrame is trained on in place and when it is first written to ``tempDir``).
-``transform`` scores with the vectorized predictor (``solvers.predict``) in an Arrow UDF, with
+A model of a table spec (``featurize.format = table``) also transforms a DataFrame of the raw
+columns (``jobs.ml_featurize.TerascaleFeaturizer`` first). ``transform`` scores with the vectorized predictor (``solvers.predict``) in an Arrow UDF, with
 the weights broadcast once. A model saves as a model directory (``pipeline.modeldir``) plus
 pyspark's params metadata (``metadata/``), so it also persists inside a ``PipelineModel``.
 """
@@ -228,6 +229,10 @@ class TerascaleModel(Model, _OutputParams, MLReadable, MLWritable):
     def _transform(self, dataset):
         from pyspark.sql import functions as F
 
+        if self.spec.get("format") == "table" and "indices" not in dataset.columns:  # raw columns
+            from terascale.jobs.ml_featurize import TerascaleFeaturizer
+
+            dataset = TerascaleFeaturizer(featureSpec=json.dumps(self.spec)).transform(dataset)
         src = source_dataset(dataset)
         if src is not None:
             diff = modeldir.same_spec(self.spec, src[1]["spec"])
@@ -238,7 +243,11 @@ class TerascaleModel(Model, _OutputParams, MLReadable, MLWritable):
                          loss_spec(self.loss).link == "sigmoid")
         values = F.col("values") if "values" in dataset.columns else F.lit(None).cast("array<float>")
         prob = self.getOrDefault(self.probabilityCol)
-        out = dataset.withColumn(prob, udf(F.col("indices"), values))
+        if "reason" in dataset.columns:  # a featurizer's quarantined rows score null
+            score = udf(F.coalesce(F.col("indices"), F.array().cast("array<int>")), values)
+            out = dataset.withColumn(prob, F.when(F.col("reason").isNull(), score))
+        else:
+            out = dataset.withColumn(prob, udf(F.col("indices"), values))
         return out.withColumn(self.getOrDefault(self.predictionCol),
                               (F.col(prob) > self.getOrDefault(self.threshold)).cast("double"))
 

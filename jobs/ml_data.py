@@ -74,6 +74,11 @@ def parse_spec(text: str) -> dict:
     except json.JSONDecodeError as e:
         raise ValueError(f"featureSpec = {text!r}: not valid JSON ({e})") from None
     known = set(FeatureSpec.__dataclass_fields__)
+    if isinstance(d, dict) and d.get("format") == "table":  # a table spec, as a manifest records it
+        try:
+            return FeatureSpec.from_json({**FeatureSpec(format="table").to_json(), **d}).to_json()
+        except (KeyError, ValueError, TypeError) as e:
+            raise ValueError(f"featureSpec: not a table spec ({e})") from None
     if not isinstance(d, dict) or set(d) - known - {"spec_version", "index"}:
         raise ValueError(f"featureSpec = {text!r}: must be a JSON object with keys from {sorted(known)}")
     sets = [f"featurize.{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in d.items() if k in known]
@@ -121,6 +126,8 @@ def write_dataset(spark, df, out: str, spec: dict, label_col: str, weight_col: s
 
     t0 = time.perf_counter()
     cols = set(df.columns)
+    if "reason" in cols:  # TerascaleFeaturizer's output: its quarantined rows carry no features
+        df = df.where(F.col("reason").isNull())
     missing = [c for c in (label_col, "indices") if c not in cols]
     if missing:
         raise ValueError(f"the DataFrame has no column {missing[0]!r} (columns: {sorted(cols)})")
