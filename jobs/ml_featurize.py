@@ -86,7 +86,8 @@ def _aligned(rows, n: int) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array, pa.A
     label[good] = rows.labels
     weight = np.zeros(n, np.float32)
     weight[good] = rows.weights
-    reason = pa.array([None if s == 0 else REASONS[s] for s in rows.status.tolist()], pa.string())
+    codes = pa.array(rows.status.astype(np.int8), mask=ok)
+    reason = pa.DictionaryArray.from_arrays(codes, pa.array(REASONS)).cast(pa.string())
     return pa.array(label, mask=~ok), pa.array(weight, mask=~ok), indices, values, reason
 
 
