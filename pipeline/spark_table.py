@@ -46,7 +46,9 @@ from terascale.pipeline.spark_featurize import (
     collect_tasks,
 )
 from terascale.pipeline.spec import FeatureSpec
-from terascale.pipeline.table_kernel import LABEL, WEIGHT, SchemaError, _float64, check_schema
+from terascale.pipeline.table_fields import as_float64
+from terascale.pipeline.table_kernel import LABEL, WEIGHT
+from terascale.pipeline.table_schema import SchemaError, check_schema
 from terascale.pipeline.table_sources import (
     ReadOptions,
     TablePiece,
@@ -211,7 +213,7 @@ def _learn_file_quantiles(sc, spec: FeatureSpec, cols: Columns, read: ReadOption
                 for _, b in read_piece(TablePiece.from_json(p), rd):
                     if isinstance(b, pa.RecordBatch):
                         for c in qcols:
-                            got[c].append(np.asarray(_float64(b.column(c)).fill_null(np.nan)
+                            got[c].append(np.asarray(as_float64(b.column(c)).fill_null(np.nan)
                                                      .to_numpy(zero_copy_only=False)))
             yield {c: summary_points(np.concatenate(v) if v else np.zeros(0)) for c, v in got.items()}
 

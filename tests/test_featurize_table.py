@@ -18,7 +18,7 @@ import pytest
 from terascale.jobs.cli import main as cli_main
 from terascale.jobs.config import feature_spec, load_config
 from terascale.pipeline.spark_table import run_table_featurize
-from terascale.pipeline.table_kernel import SchemaError
+from terascale.pipeline.table_schema import SchemaError
 from terascale.pipeline.table_spec import BadRow, record_label, record_row
 from tests.test_featurize_spark import _written_rows
 

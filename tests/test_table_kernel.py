@@ -15,13 +15,8 @@ from hypothesis import strategies as st
 
 from terascale.pipeline.rowkernels import REASONS
 from terascale.pipeline.spec import FeatureSpec
-from terascale.pipeline.table_kernel import (
-    LABEL,
-    WEIGHT,
-    SchemaError,
-    check_schema,
-    featurize_batch,
-)
+from terascale.pipeline.table_kernel import LABEL, WEIGHT, featurize_batch
+from terascale.pipeline.table_schema import SchemaError, check_schema
 from terascale.pipeline.table_spec import (
     BadRow,
     TableSpec,
