@@ -110,8 +110,8 @@ def _featurized(spark, raw, name):
     return out
 
 
-def _mllib(spark, train_dir, lam, bits: int = BITS, files: list[str] | None = None):
-    """MLlib's LogisticRegression (20 iterations, regParam = lam, standardization off) on a featurized
+def _mllib(spark, train_dir, lam, bits: int = BITS, files: list[str] | None = None, max_iter: int = 20):
+    """MLlib's LogisticRegression (``max_iter`` iterations, regParam = lam, standardization off) on a featurized
     dataset (its ``files``, else every part file): (fit seconds after ``cache().count()``, w, b)."""
     from pyspark.ml.classification import LogisticRegression
     from pyspark.ml.linalg import SparseVector, VectorUDT
@@ -126,7 +126,7 @@ def _mllib(spark, train_dir, lam, bits: int = BITS, files: list[str] | None = No
     data = df.select(F.col("label").cast("double").alias("label"), to_vec("indices", "values").alias("features"))
     data = spark.createDataFrame(data.rdd, StructType([StructField("label", DoubleType()), StructField("features", VectorUDT())]))
     data.cache().count()
-    lr = LogisticRegression(maxIter=20, regParam=lam, elasticNetParam=0.0, standardization=False, tol=0.0)
+    lr = LogisticRegression(maxIter=max_iter, regParam=lam, elasticNetParam=0.0, standardization=False, tol=0.0)
     t0 = time.perf_counter()
     model = lr.fit(data)
     secs = time.perf_counter() - t0
