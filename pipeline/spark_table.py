@@ -34,6 +34,7 @@ import pyarrow as pa
 from terascale.pipeline import artifacts, fsutil
 from terascale.pipeline.featurize_task import TaskOptions, format_task_times, task_times
 from terascale.pipeline.manifest import merge_inputs
+from terascale.pipeline.plan import plan_ranges
 from terascale.pipeline.spark_errors import spark_error_summary
 from terascale.pipeline.spark_featurize import (
     TEMP_DIR,
@@ -42,6 +43,7 @@ from terascale.pipeline.spark_featurize import (
     _attempt_tag,
     _commit,
     _merge_groups,
+    _pieces,
     check_not_empty,
     collect_tasks,
 )
@@ -144,6 +146,8 @@ def _file_read(spark, inputs, spec, fconf, opts, staging, out, root):
             check_schema(spec.table, file_schema(f.uri, read), _typed_columns(spec, cols), f.uri)
     pieces = plan_pieces(files, fconf.input_format, max(sc.defaultParallelism, 1) * 4)
     n_tasks = task_count(pieces, fconf.partitions, fconf.target_file_mb, sc.defaultParallelism)
+    if fconf.input_format == "json":  # line-aligned byte ranges, as for text logs: a task holds its range only
+        pieces = _json_ranges(sc, files, n_tasks)
     plan = assign(pieces, n_tasks)
     log.info("featurize: %d %s files, %d pieces -> %d tasks", len(files), fconf.input_format, len(pieces), len(plan))
     spec = _learn_file_quantiles(sc, spec, cols, read, plan)
@@ -165,6 +169,19 @@ def _file_read(spark, inputs, spec, fconf, opts, staging, out, root):
     results = collect_tasks(sc, root, sc.parallelize(payload, len(payload)).mapPartitionsWithIndex(task_fn),
                    f"terascale featurize: {len(files)} {fconf.input_format} files -> {out}")
     return spec, results, [f.uri for f in files]
+
+
+def _json_ranges(sc, files, n_tasks: int) -> list[TablePiece]:
+    """JSON-lines files cut into about ``n_tasks`` byte ranges aligned to line starts, each with
+    the number of its first line (``pipeline.plan``'s ranges, aligned on the executors as the
+    text formats' are); a gzip'd file stays whole."""
+    ranges = plan_ranges(files, n_tasks)
+    out = []
+    for p in _pieces(sc, ranges, files).values():
+        whole = p.gzip or p.end < 0
+        out.append(TablePiece(p.uri, "json", 0 if whole else p.start, -1 if whole else p.end - p.start,
+                              p.first_line, next(f.size for f in files if f.uri == p.uri) if whole else p.end - p.start))
+    return sorted((q for q in out if q.count != 0), key=lambda q: (q.uri, q.first))
 
 
 def _quantile_fields(spec: FeatureSpec) -> list:

@@ -3,8 +3,9 @@ each featurize task itself with pyarrow (any pyarrow filesystem), as batches of 
 spec needs, each with its file and the 1-based number of its first record there.
 
 The driver plans (:func:`plan_pieces`) from the files' footers: a Parquet file splits into runs
-of row groups; an ORC, JSON-lines or CSV file goes whole to one task (and is read whole into its
-memory: JSON and CSV). Record numbers are
+of row groups; a JSON-lines file into line-aligned byte ranges (``pipeline.spark_table``, as the
+text formats); an ORC or CSV file goes whole to one task (a CSV file is read whole into its
+memory: a quoted field may hold a newline, so it is not cut). Record numbers are
 the record's position in its file (for CSV with a header, the header is not a record), so the
 negative-downsampling decisions and the quarantine's ``line`` do not depend on the split. A
 JSON or CSV record that does not parse becomes a bad record (``unparsable``, or
@@ -41,8 +42,9 @@ class TableInputError(fsutil.InputError):
 
 @dataclass(frozen=True)
 class TablePiece:
-    """Units [first, first + count) of one file (row groups, stripes; a whole file: 0, 1), whose
-    first record is record number ``first_row`` (1-based) of the file."""
+    """Units [first, first + count) of one file (Parquet row groups, ORC stripes; CSV a whole
+    file: 0, 1; JSON lines the bytes [first, first + count), count -1: the whole file), whose
+    first record is record number ``first_row`` (1-based; JSON: its line number) of the file."""
 
     uri: str
     fmt: str
@@ -275,9 +277,14 @@ def read_piece(piece: TablePiece, opts: ReadOptions) -> Iterator[tuple[int, pa.R
                     yield row, b
                     row += b.num_rows
         return
-    with fs.open_input_stream(inner) as fh:
-        data = fh.read()
-    yield from (_read_json(data, opts) if piece.fmt == "json" else _read_csv(data, opts))
+    if piece.fmt == "json" and piece.count >= 0:  # a byte range of a plain file, aligned to lines
+        with fs.open_input_file(inner) as fh:
+            fh.seek(piece.first)
+            data = fh.read(piece.count)
+    else:
+        with fs.open_input_stream(inner) as fh:  # a whole file (a .gz one decompressed)
+            data = fh.read()
+    yield from (_read_json(data, opts, piece.first_row) if piece.fmt == "json" else _read_csv(data, opts))
 
 
 def _small_dictionaries(pf: pq.ParquetFile, row_group: int, cols: list[str], batch_rows: int) -> list[str]:
@@ -334,14 +341,20 @@ def adapt_inferred(schema: pa.Schema, kinds: dict[str, str]) -> pa.Schema:
     return pa.schema(out)
 
 
-def _read_json(data: bytes, opts: ReadOptions) -> Iterator[tuple[int, pa.RecordBatch | BadRecord]]:
+_BLANK_LINE = re.compile(rb"(?:^|\n)[ \t\r]*\n")
+
+
+def _read_json(data: bytes, opts: ReadOptions, first_line: int = 1) -> Iterator[tuple[int, pa.RecordBatch | BadRecord]]:
+    """The records of JSON lines whose first line is line ``first_line`` of its file; a record's
+    number is its line's (a blank line is no record but is counted)."""
     schema = _project(opts.schema, list(opts.columns))
     maps = [f.name for f in schema if pa.types.is_map(f.type)]
-    if not maps:  # pyarrow's reader converts no JSON object to a map: those files go record by record
+    blank = _BLANK_LINE.search(data) is not None or (bool(data) and not data.rstrip(b" \t\r\n"))
+    if not maps and not blank:  # pyarrow's reader builds no map, and would number past a blank line
         parse = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
         try:
             t = pajson.read_json(io.BytesIO(data), parse_options=parse)
-            yield from _batches(t.select(list(opts.columns)), 1, opts.batch_rows)
+            yield from _batches(t.select(list(opts.columns)), first_line, opts.batch_rows)
             return
         except pa.ArrowInvalid:
             pass
@@ -351,8 +364,11 @@ def _read_json(data: bytes, opts: ReadOptions) -> Iterator[tuple[int, pa.RecordB
     if lines and lines[-1] == b"":
         lines.pop()
     good: list[tuple[int, dict]] = []
-    lines = [x for x in lines if x.strip()]  # blank lines are no records (as in pyarrow's reader)
-    for k, line in enumerate(lines, start=1):
+    for k, line in enumerate(lines, start=first_line):
+        if not line.strip():  # no record (as in pyarrow's reader), but a line: the run of records ends
+            yield from _json_good(good, schema, opts.batch_rows)
+            good = []
+            continue
         rec = _json_record(line, schema)
         if isinstance(rec, str):
             yield from _json_good(good, schema, opts.batch_rows)
@@ -364,7 +380,7 @@ def _read_json(data: bytes, opts: ReadOptions) -> Iterator[tuple[int, pa.RecordB
 
 
 def _json_good(good: list[tuple[int, dict]], schema: pa.Schema, n: int) -> Iterator[tuple[int, pa.RecordBatch | BadRecord]]:
-    """Consecutive good records (line, record) as batches; a record whose values do not convert
+    """Good records of consecutive lines (line, record) as batches; a record whose values do not convert
     to the schema's types is a BadRecord (``unparsable``)."""
     for s in range(0, len(good), n):
         chunk = good[s:s + n]

@@ -190,3 +190,32 @@ def test_test_data_takes_the_training_specs_learned_boundaries(spark, logs, tmp_
     test = run_table_featurize(spark, [str(d / "parquet" / "part-1.parquet")], str(tmp_path / "test"),
                                spec_from(cfg.featurize.spec_from), cfg.featurize)
     assert test["spec"] == m["spec"]
+
+
+@pytest.mark.parametrize("with_map", [True, False])  # a map field: record by record; else pyarrow's reader
+def test_a_json_file_is_cut_into_line_ranges_and_numbers_its_lines(spark, logs, tmp_path, with_map):
+    """One JSON-lines file in 4 byte ranges (each task reads only its own), with blank lines and a
+    bad line: the reference's rows, and the bad line quarantined under its line number."""
+    d, parts = logs
+    src = tmp_path / "in"
+    src.mkdir()
+    lines = (d / "json" / "part-0.json").read_bytes().split(b"\n")[:-1]
+    lines[100:100] = [b"", b"   "]  # lines 101 and 102: blank, no records
+    lines.insert(1500, b"{broken")  # line 1501
+    (src / "a.json").write_bytes(b"\n".join(lines) + b"\n")
+    sets = ["featurize.input_format=json", "featurize.partitions=4"]
+    if not with_map:
+        sets.append("featurize.columns=[{name: site, missing: token}, app, {name: price, kind: numeric, bucketing: log}, "
+                    "{name: segs, kind: multi, max_values: 3}]")
+    spec, m = _run(spark, [str(src)], tmp_path / "ds", sets)
+    assert len(m["files"]) == 4
+    rows, reasons = _expected(spec, _records([parts[0]]))
+    assert _written_rows(tmp_path / "ds") == rows
+    assert m["quarantine"]["by_reason"] == {**reasons, "unparsable": 1}
+    assert m["per_input"][0]["lines"] == parts[0].num_rows + 1
+    q = pq.read_table(tmp_path / "ds" / "_quarantine").to_pylist()
+    assert [r["line"] for r in q if r["reason"] == "unparsable"] == [1501]
+    bad_label = [r["line"] for r in q if r["reason"] == "bad_label"]
+    want = [k + 1 + (2 if k >= 100 else 0) + (1 if k + (2 if k >= 100 else 0) >= 1500 else 0)
+            for k, c in enumerate(parts[0]["clicks"].to_pylist()) if c == -2]
+    assert sorted(bad_label) == want
