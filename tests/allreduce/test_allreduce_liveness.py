@@ -21,8 +21,11 @@ from terascale.allreduce.protocol import new_key
 from terascale.allreduce.server import TreeServer
 from tests.allreduce.harness import FAST, run_tree, tree_order_sum
 
-IO_TIMEOUT = 0.5
-HEARTBEAT_TIMEOUT = 0.5
+# 1.5 s, not less: the ranks are threads of one process sharing its GIL, and on a loaded 2-core
+# machine one went 0.8 s without sending a heartbeat (a clean-clone run, 2026-11-28), so a 0.5 s
+# timeout failed a live rank
+IO_TIMEOUT = 1.5
+HEARTBEAT_TIMEOUT = 1.5
 DELAY = 3 * IO_TIMEOUT  # also 3 x the heartbeat timeout: only heartbeats keep the wait going
 N = 50_000  # float64: 400 KB, ~100 chunks of 4 KiB through 4 KiB socket buffers
 LIVE = {
