@@ -155,10 +155,15 @@ def _task_hosts(site, p) -> dict[int, str]:
 
 
 def _python_pids(site, host: str) -> list[int]:
+    """The Python processes of ``host`` (the executor's daemon and its task's worker), by their
+    executable: never the worker's or executor's JVM, whose class path (pyspark's jars under
+    lib/python3.x) names Python. A stopped JVM misses its heartbeats, and after
+    spark.worker.timeout (60 s) the master drops the host, failing the barrier stage: the test
+    would then measure the machine's speed, not the spare."""
     pids = []
     for pid in site.net.pids(host):
         try:
-            if b"python" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if Path(os.readlink(f"/proc/{pid}/exe")).name.startswith("python"):
                 pids.append(pid)
         except OSError:
             pass
