@@ -24,6 +24,7 @@ from terascale.allreduce.ciphers import CIPHERS, DEFAULT_CIPHER
 from terascale.pipeline.redact import redact, shown
 from terascale.pipeline.sampling import CALIBRATIONS
 from terascale.pipeline.shard_cache import budget_error, minimum_budget_mb
+from terascale.pipeline.spark_compat import PARQUET_ENCODINGS
 from terascale.pipeline.spec import MAX_BITS
 from terascale.pipeline.table_sources import INPUT_FORMATS
 from terascale.pipeline.table_spec import Field as TableField
@@ -136,6 +137,9 @@ class FeaturizeConf:
     )
     block_mb: int = param(16, "bytes read and parsed per batch inside a task", Interval(1, 1024, integer=True))
     compression: str = param("snappy", "Parquet compression codec", OneOf(("snappy", "zstd", "lz4", "none")))
+    parquet_encoding: str = param("auto", "the Parquet encoding of the indices: byte_stream_split (writes twice as fast; "
+                                  "Spark reads it from 4.0), plain (every Spark reads it), auto = byte_stream_split "
+                                  "on Spark 4, plain on Spark 3.5", OneOf(PARQUET_ENCODINGS))
     overwrite: bool = param(False, "replace an existing dataset at the output (atomically); without it "
                             "featurize refuses one (anything that is not a terascale dataset is always refused)")
     allow_empty: bool = param(

@@ -43,6 +43,7 @@ from pyspark.ml.util import (
 
 from terascale.jobs.ml_data import (
     dataframe_spec,
+    indices_encoding,
     is_plain_read,
     parse_spec,
     source_dataset,
@@ -50,7 +51,7 @@ from terascale.jobs.ml_data import (
 )
 from terascale.jobs.ml_params import SchemaParams
 from terascale.jobs.train_job import run_train
-from terascale.pipeline import fsutil, modeldir
+from terascale.pipeline import fsutil, modeldir, spark_compat
 from terascale.pipeline.manifest import read_manifest
 from terascale.pipeline.redact import redact, redact_text
 from terascale.pipeline.sampling import score_transform
@@ -128,6 +129,8 @@ class TerascaleClassifier(Estimator, SchemaParams, _OutputParams, DefaultParamsR
         if plain_cols and src is not None and is_plain_read(spark, dataset, *src):
             log.info("fit: the DataFrame is the dataset %s; training on it in place", redact_text(src[0]))
             return src[0]
+        if src is not None:  # Spark reads the dataset's rows to write them again
+            spark_compat.check_readable(indices_encoding(src[1]), spark.version, f"the dataset {src[0]}")
         out = fsutil.join(scratch(), "data")
         log.info("fit: writing the DataFrame as a featurized dataset to %s", redact_text(out))
         m = write_dataset(spark, dataset, out, spec, self.getOrDefault(self.labelCol),
@@ -141,6 +144,7 @@ class TerascaleClassifier(Estimator, SchemaParams, _OutputParams, DefaultParamsR
 
         cfg = self.config()  # the whole configuration, checked before any Spark job starts
         spark = SparkSession.active()
+        spark_compat.check_session(spark)
         made: list[str] = []
 
         def scratch() -> str:  # created on first use, removed at the end
@@ -165,9 +169,8 @@ class TerascaleClassifier(Estimator, SchemaParams, _OutputParams, DefaultParamsR
 
 def _score_udf(bc, n_features: int, logistic: bool):
     """An Arrow UDF (indices, values) -> float64 scoring with the broadcast (weights, intercept, slope,
-    shift): σ(slope·m + shift), the model's population probabilities (``pipeline.sampling``), or m."""
-    from pyspark.sql.functions import arrow_udf
-
+    shift): σ(slope·m + shift), the model's population probabilities (``pipeline.sampling``), or m.
+    (A pandas UDF before Spark 4.1: ``pipeline.spark_compat.arrow_scalar_udf``.)"""
     def score(indices: pa.Array, values: pa.Array) -> pa.Array:
         from terascale.pipeline.dataset import tables_to_csr
         from terascale.solvers.predict import decision_function, sigmoid
@@ -187,7 +190,7 @@ def _score_udf(bc, n_features: int, logistic: bool):
         m = decision_function(csr, w, b)
         return pa.array(sigmoid(m, shift, slope) if logistic else m)
 
-    return arrow_udf(score, "double")
+    return spark_compat.arrow_scalar_udf(score, "double")
 
 
 class TerascaleModel(Model, _OutputParams, MLReadable, MLWritable):
@@ -229,12 +232,14 @@ class TerascaleModel(Model, _OutputParams, MLReadable, MLWritable):
     def _transform(self, dataset):
         from pyspark.sql import functions as F
 
+        spark_compat.check_session(dataset.sparkSession)
         if self.spec.get("format") == "table" and "indices" not in dataset.columns:  # raw columns
             from terascale.jobs.ml_featurize import TerascaleFeaturizer
 
             dataset = TerascaleFeaturizer(featureSpec=json.dumps(self.spec)).transform(dataset)
         src = source_dataset(dataset)
         if src is not None:
+            spark_compat.check_readable(indices_encoding(src[1]), dataset.sparkSession.version, f"the dataset {src[0]}")
             diff = modeldir.same_spec(self.spec, src[1]["spec"])
             if diff:
                 raise modeldir.ModelError(f"the model and the DataFrame's dataset {src[0]} were featurized "

@@ -48,6 +48,14 @@ def source_dataset(df) -> tuple[str, dict] | None:
         return None
 
 
+def indices_encoding(manifest: dict) -> str:
+    """How a dataset's indices are encoded in Parquet: its manifest's ``options.parquet_encoding``;
+    else ``spark`` for one Spark wrote (:func:`write_dataset`: what every Spark reads) and
+    ``byte_stream_split`` for a featurize output from before the option was recorded."""
+    options = manifest.get("options") or {}
+    return options.get("parquet_encoding") or ("spark" if "source" in options else "byte_stream_split")
+
+
 def is_plain_read(spark, df, directory: str, manifest: dict) -> bool:
     """True when ``df`` is the dataset itself: no filter, projection, sample or other change.
 
@@ -143,6 +151,7 @@ def write_dataset(spark, df, out: str, spec: dict, label_col: str, weight_col: s
     files = [s for s in stats if s["rows"] > 0]
     inputs = [_local(f) for f in df.inputFiles()]
     manifest = build_manifest(FeatureSpec.from_json(spec), inputs, files, [], [], None, time.perf_counter() - t0,
-                              {"source": "terascale.ml: a DataFrame written by TerascaleClassifier.fit"})
+                              {"source": "terascale.ml: a DataFrame written by TerascaleClassifier.fit",
+                               "parquet_encoding": "spark"})
     fsutil.write_json_atomic(fsutil.join(out, MANIFEST), manifest)
     return manifest

@@ -31,6 +31,7 @@ from pyspark.ml import Transformer
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 
+from terascale.pipeline import spark_compat
 from terascale.pipeline.rowkernels import REASONS
 from terascale.pipeline.spec import FeatureSpec
 
@@ -118,6 +119,7 @@ class TerascaleFeaturizer(Transformer, DefaultParamsReadable, DefaultParamsWrita
 
         from terascale.pipeline.table_kernel import LABEL, WEIGHT, featurize_batch
 
+        spark_compat.check_session(dataset.sparkSession)
         spec = self.spec()
         t = spec.table
         keep = [c for c in dataset.columns if c not in OUTPUT]

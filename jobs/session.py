@@ -52,6 +52,9 @@ def get_spark(sconf, task_cpus: int = 1):
     """
     from pyspark.sql import SparkSession
 
+    from terascale.pipeline import spark_compat
+
+    line = spark_compat.check_pyspark()  # before any JVM or job starts
     if launched_by_spark_submit():
         b = SparkSession.builder.appName(sconf.app_name)
         for k, v in _executor_defaults().items():
@@ -61,11 +64,16 @@ def get_spark(sconf, task_cpus: int = 1):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         settings = local_settings(sconf, task_cpus)
+        from pyspark import SparkContext
+
+        if SparkContext._gateway is None:
+            spark_compat.check_java(line, spark_compat.java_command())
         _launch_jvm_without_secrets({"spark.master": sconf.master, "spark.app.name": sconf.app_name, **settings})
         b = SparkSession.builder.master(sconf.master).appName(sconf.app_name)
         for k, v in settings.items():
             b = b.config(k, v)
         spark = b.getOrCreate()
+    spark_compat.check_session(spark)
     spark.sparkContext.setLogLevel(sconf.log_level)
     log.info("spark: master=%s parallelism=%d", spark.sparkContext.master, spark.sparkContext.defaultParallelism)
     return spark

@@ -69,6 +69,7 @@ class TaskOptions:
     block_bytes: int
     on_error: str
     compression: str
+    parquet_encoding: str = "byte_stream_split"  # of the indices: or "plain" (pipeline.spark_compat.parquet_encoding)
     raw_cap: int = 1 << 20  # a quarantined line keeps at most this many bytes (plus its length)
     row_group_rows: int = 262144
     inject_fail: bool = False  # chaos drill: fail after the first row group is written
@@ -122,15 +123,17 @@ class _Quarantine:
         return pa.table(self.rows, schema=QUARANTINE_SCHEMA)
 
 
-def open_writer(fs, inner: str, compression: str) -> pq.ParquetWriter:
-    """The Parquet writer of a task's rows (``OUTPUT_SCHEMA``), on filesystem ``fs``."""
+def open_writer(fs, inner: str, compression: str, encoding: str = "byte_stream_split") -> pq.ParquetWriter:
+    """The Parquet writer of a task's rows (``OUTPUT_SCHEMA``), on filesystem ``fs``; ``encoding``
+    of the indices: ``byte_stream_split`` or ``plain`` (what Spark 3.5 reads)."""
     return pq.ParquetWriter(
         inner, OUTPUT_SCHEMA, filesystem=fs, compression=None if compression == "none" else compression,
         use_dictionary=False,  # hashed indices are near-random: dictionaries only cost time
-        # the indices' bytes stream by stream (all low bytes, ..., all high bytes): the codec then
-        # skips the near-random low bytes quickly and packs the high ones. With snappy: the same
-        # decoded values, the write 2x faster, the file about 4% larger (docs/pages/explanation/design-notes.md)
-        column_encoding={"indices.list.element": "BYTE_STREAM_SPLIT"},
+        # byte_stream_split: the indices' bytes stream by stream (all low bytes, ..., all high bytes):
+        # the codec then skips the near-random low bytes quickly and packs the high ones. With snappy:
+        # the same decoded values, the write 2x faster, the file about 4% larger
+        # (docs/pages/explanation/design-notes.md)
+        column_encoding={"indices.list.element": encoding.upper()},
         # min/max of hashed indices prune nothing, but the statistics' null count gives each row
         # group's non-zeros (num_values - null_count), checked against the manifest (pipeline.verify)
         write_statistics=["label", "weight", "indices.list.element"],
@@ -159,7 +162,7 @@ class TaskOutput:
         self.totals = {"rows": 0, "nnz": 0, "positives": 0.0, "weight_sum": 0.0, "multi_rows": 0}
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
-        self._writer = open_writer(self.fs, self._data_inner, opts.compression)
+        self._writer = open_writer(self.fs, self._data_inner, opts.compression, opts.parquet_encoding)
 
     def stats(self, src: str) -> dict:
         return self.per_input.setdefault(src, {"lines": 0, "rows": 0, "quarantined": {}, "dropped": 0,

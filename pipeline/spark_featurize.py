@@ -22,7 +22,7 @@ from dataclasses import asdict, replace
 
 import numpy as np
 
-from terascale.pipeline import artifacts, fsutil, groups, tokendict
+from terascale.pipeline import artifacts, fsutil, groups, spark_compat, tokendict
 from terascale.pipeline.blocks import Piece, align_range
 from terascale.pipeline.featurize_task import (
     MalformedInput,
@@ -149,6 +149,7 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
     opts = TaskOptions(
         max_line_bytes=fconf.max_line_bytes, block_bytes=fconf.block_mb << 20,
         on_error=fconf.on_error, compression=fconf.compression,
+        parquet_encoding=spark_compat.parquet_encoding(fconf.parquet_encoding, spark.version),
         negative_rate=float(fconf.negative_rate), sample_seed=int(fconf.sample_seed),
         token_dictionary=bool(fconf.token_dictionary), dictionary_per_bucket=int(fconf.dictionary_per_bucket),
         dictionary_max_buckets=int(fconf.dictionary_max_buckets),

@@ -31,7 +31,7 @@ from dataclasses import asdict, replace
 import numpy as np
 import pyarrow as pa
 
-from terascale.pipeline import artifacts, fsutil
+from terascale.pipeline import artifacts, fsutil, spark_compat
 from terascale.pipeline.featurize_task import TaskOptions, format_task_times, task_times
 from terascale.pipeline.manifest import merge_inputs
 from terascale.pipeline.plan import plan_ranges
@@ -93,7 +93,8 @@ def run_table_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec
     out = fsutil.normalize(output)
     opts = TaskOptions(
         max_line_bytes=fconf.max_line_bytes, block_bytes=fconf.block_mb << 20, on_error=fconf.on_error,
-        compression=fconf.compression, negative_rate=float(fconf.negative_rate), sample_seed=int(fconf.sample_seed),
+        compression=fconf.compression, parquet_encoding=spark_compat.parquet_encoding(fconf.parquet_encoding, spark.version),
+        negative_rate=float(fconf.negative_rate), sample_seed=int(fconf.sample_seed),
     )
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     root = artifacts.staging_path(out, run_id)

@@ -20,6 +20,7 @@ from terascale.jobs.config import feature_spec, load_config
 from terascale.pipeline.spark_table import run_table_featurize
 from terascale.pipeline.table_schema import SchemaError
 from terascale.pipeline.table_spec import BadRow, record_label, record_row
+from tests.frames import frame
 from tests.test_featurize_spark import _written_rows
 
 pytestmark = pytest.mark.spark
@@ -131,7 +132,7 @@ def test_csv_with_bad_rows_quarantines_them(spark, logs, tmp_path):
 def test_catalog_table_with_a_partition_filter_and_an_expression(spark, logs, tmp_path):
     d, parts = logs
     t = pa.concat_tables(parts)
-    df = spark.createDataFrame(t.select(["clicks", "site", "app", "price", "ts", "dt"]).to_pandas())
+    df = frame(spark, t.select(["clicks", "site", "app", "price", "ts", "dt"]))
     df.write.partitionBy("dt").option("path", str(tmp_path / "wh")).saveAsTable("ad_logs_test")
     try:
         sets = ["featurize.columns=[{name: site, missing: token}, app, {name: hour, expr: 'hour(ts)'}]",

@@ -24,6 +24,7 @@ from terascale.pipeline.manifest import read_manifest
 from terascale.pipeline.modeldir import ModelError, load_model
 from terascale.pipeline.spark_featurize import run_featurize
 from terascale.pipeline.spec import FeatureSpec
+from tests.frames import frame
 
 ROOT = Path(__file__).resolve().parents[1]
 # deterministic L-BFGS to a tight tolerance: any sharding reaches the same optimum
@@ -131,7 +132,7 @@ def test_fit_on_a_dataframe_or_a_path_equals_run_train(spark, data, reference, t
 def test_fit_on_an_in_memory_dataframe_needs_a_feature_spec(spark, data, reference):
     _, ref = reference
     t = pq.read_table(data / "tr", columns=["label", "indices", "values"])  # no lineage, other types
-    df = spark.createDataFrame(t.rename_columns(["y", "indices", "values"]).cast(pa.schema(
+    df = frame(spark, t.rename_columns(["y", "indices", "values"]).cast(pa.schema(
         [("y", pa.float64()), ("indices", pa.list_(pa.int64())), ("values", pa.list_(pa.float64()))])))
     clf = TerascaleClassifier(**EXACT, labelCol="y")
     with pytest.raises(ValueError, match="feature spec is unknown.*set featureSpec"):

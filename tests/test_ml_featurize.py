@@ -12,6 +12,7 @@ from terascale.jobs.ml_featurize import TerascaleFeaturizer
 from terascale.pipeline.scorer import Scorer
 from terascale.pipeline.table_spec import BadRow, record_label, record_row
 from terascale.solvers.constraints import ConfigError
+from tests.frames import frame
 
 pytestmark = pytest.mark.spark
 
@@ -47,7 +48,7 @@ def test_the_featurizer_gives_the_references_rows_and_keeps_every_row(spark):
     t = _table(400, 1)
     feat = TerascaleFeaturizer(conf=CONF)
     spec = feat.spec()
-    out = feat.transform(spark.createDataFrame(t.to_pandas())).orderBy("other").collect()
+    out = feat.transform(frame(spark, t)).orderBy("other").collect()
     assert len(out) == t.num_rows
     for rec, row in zip(t.to_pylist(), out, strict=True):
         assert row["other"] == rec["other"]
@@ -64,13 +65,13 @@ def test_the_featurizer_gives_the_references_rows_and_keeps_every_row(spark):
 def test_a_pipeline_on_raw_columns_trains_and_scores_as_terascale_score(spark, tmp_path):
     from pyspark.ml import Pipeline
 
-    train = spark.createDataFrame(_table(3000, 2).to_pandas())
+    train = frame(spark, _table(3000, 2))
     feat = TerascaleFeaturizer(conf=CONF)
     clf = TerascaleClassifier(featureSpec=feat.featureSpecJson(), workers=1, passes=3, holdoutPeriod=5,
                               earlyStopPasses=0, l2=1e-4, modelDir=str(tmp_path / "m"))
     model = Pipeline(stages=[feat, clf]).fit(train)
     new = _table(200, 3).drop_columns(["clicks"])  # serving rows: no label
-    scored = model.stages[1].transform(spark.createDataFrame(new.to_pandas())).orderBy("other").collect()
+    scored = model.stages[1].transform(frame(spark, new)).orderBy("other").collect()
     want = Scorer.from_model_dir(str(tmp_path / "m")).predict_records(new.to_pylist())
     assert np.array([r["probability"] for r in scored]).tobytes() == want.tobytes()
 

@@ -1,0 +1,173 @@
+"""The Spark lines terascale supports, and what differs between them, hidden here.
+
+Supported: Spark 3.5.x (the long-maintained line of Amazon EMR 7, Dataproc 2.2 and many
+Databricks runtimes) and 4.0 through 4.x; ``pyproject.toml`` says ``pyspark>=3.5,<5``. Spark 4
+needs Java 17 or later, 3.5 runs on Java 8, 11 and 17 (both on 17 in CI).
+
+Two versions are checked, because they can differ: pyspark's Python package (what this process
+imports: on YARN the cluster's own ``pyspark.zip``, whatever the packed environment holds) before
+a session starts, and the JVM's (``SparkSession.version``) once one exists. Either outside the
+supported range is a :class:`SparkVersionError` naming the version found and the ones supported;
+so is a Java older than the line needs, found before pyspark launches it.
+
+What differs between the lines:
+
+- **Scalar Arrow UDFs** (``pyspark.sql.functions.arrow_udf``, Spark 4.1 and later): a function
+  of ``pyarrow.Array`` columns to one ``pyarrow.Array``. Before 4.1 the same function runs as a
+  scalar pandas UDF: Spark still ships the columns as Arrow, pyspark hands them over as pandas
+  Series (a list column: an object Series of numpy arrays), converted back to Arrow here; the
+  same values, at a conversion cost per row.
+- **pandas on the driver** (Spark 3.5): pyspark 3.5's ``mapInArrow`` and pandas UDFs check that
+  pandas imports on the driver, though the Arrow path never uses it: :func:`require_pandas`
+  turns the missing module into an error that says what to install.
+- **Parquet encodings**: Spark 3.5 (parquet-mr 1.13) cannot read INT32 columns encoded
+  ``BYTE_STREAM_SPLIT``, which Spark 4 reads: :func:`parquet_encoding` picks the featurized
+  indices' encoding for the session's Spark, :func:`check_readable` names a dataset Spark 3.5
+  cannot read before Spark fails on it.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pyarrow as pa
+
+from terascale.solvers.constraints import ConfigError
+
+#: (lowest, first unsupported) as (major, minor): 3.5 <= version < 5.0
+SUPPORTED = ((3, 5), (5, 0))
+SUPPORTED_TEXT = "Spark 3.5.x and 4.x (pyspark>=3.5,<5)"
+
+
+class SparkVersionError(ConfigError):
+    """A Spark version terascale does not support (the message names it and the supported ones)."""
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    """(major, minor) of a Spark version string: ``"3.5.9"``, ``"4.1.0-SNAPSHOT"``,
+    ``"3.5.2-amzn-1"`` (a vendor build keeps the upstream line)."""
+    m = re.match(r"\s*(\d+)\.(\d+)", text or "")
+    if m is None:
+        raise SparkVersionError(f"cannot read the Spark version {text!r}; terascale supports {SUPPORTED_TEXT}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def check_version(version: str, what: str = "pyspark") -> tuple[int, int]:
+    """``(major, minor)`` of ``version`` when it is supported; else a :class:`SparkVersionError`.
+
+    ``what`` names where the version came from (``pyspark`` or ``the Spark JVM``)."""
+    found = parse_version(version)
+    lo, hi = SUPPORTED
+    if not lo <= found < hi:
+        raise SparkVersionError(f"{what} {version} is not supported: terascale supports {SUPPORTED_TEXT}")
+    return found
+
+
+def check_pyspark() -> tuple[int, int]:
+    """Check the pyspark package this process imports (before any session starts)."""
+    import pyspark
+
+    return check_version(pyspark.__version__, "pyspark")
+
+
+def java_major(java: str) -> int | None:
+    """The major version of the ``java`` executable (``17`` for 17.0.9, ``8`` for 1.8.0_392),
+    None when it cannot be run or read."""
+    import subprocess
+
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    if m is None:
+        return None
+    major = int(m.group(1))
+    return int(m.group(2) or 0) if major == 1 else major
+
+
+def check_java(spark_line: tuple[int, int], java: str) -> None:
+    """Before this process launches a JVM: Spark 4 needs Java 17 or later, Spark 3.5 Java 8, 11
+    or 17. A Java that cannot be run or read is left to pyspark's own error."""
+    major = java_major(java)
+    need = 17 if spark_line >= (4, 0) else 8
+    if major is not None and major < need:
+        raise SparkVersionError(f"Spark {spark_line[0]}.{spark_line[1]} needs Java {need} or later, and {java} "
+                                f"is Java {major}: set JAVA_HOME to a Java 17 (Spark 3.5 and 4.x both run on it)")
+
+
+def java_command() -> str:
+    """The java pyspark launches: ``$JAVA_HOME/bin/java``, else ``java`` on the PATH."""
+    import os
+
+    home = os.environ.get("JAVA_HOME")
+    return os.path.join(home, "bin", "java") if home else "java"
+
+
+def check_session(spark) -> tuple[int, int]:
+    """Check a session's Spark (the JVM's version: a driver may import another pyspark)."""
+    return check_version(spark.version, "the Spark JVM")
+
+#: featurize.parquet_encoding values
+PARQUET_ENCODINGS = ("auto", "plain", "byte_stream_split")
+
+
+def has_arrow_udf() -> bool:
+    try:
+        from pyspark.sql.functions import arrow_udf  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def arrow_scalar_udf(fn, return_type: str):
+    """A Spark scalar UDF of ``fn(*pyarrow.Array) -> pyarrow.Array`` (see the module docstring)."""
+    if has_arrow_udf():
+        from pyspark.sql.functions import arrow_udf
+
+        return arrow_udf(fn, return_type)
+    require_pandas("a scalar UDF (TerascaleModel.transform)")
+    from pyspark.sql.functions import PandasUDFType, pandas_udf
+
+    def on_pandas(*series):
+        return fn(*(pa.Array.from_pandas(s) for s in series)).to_pandas()
+
+    with warnings.catch_warnings():  # PandasUDFType is deprecated in favour of type hints of a fixed arity
+        warnings.simplefilter("ignore")
+        return pandas_udf(on_pandas, return_type, PandasUDFType.SCALAR)
+
+
+def require_pandas(what: str) -> None:
+    """On Spark before 4.0, where pyspark's Arrow paths check for pandas on the driver: pandas
+    must import (see the module docstring)."""
+    import pyspark
+
+    if parse_version(pyspark.__version__) >= (4, 0):
+        return
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        raise SparkVersionError(f"{what} on pyspark {pyspark.__version__} needs pandas on the driver "
+                                f"(pyspark 3.5 checks for it before any Arrow stage): pip install 'pandas>=2.2'") from None
+
+
+def parquet_encoding(setting: str, spark_version: str) -> str:
+    """The encoding of a featurized dataset's indices: ``setting`` unless ``auto``, which is
+    ``byte_stream_split`` where the session's Spark reads it (4.0 and later: the write twice as
+    fast, docs/pages/explanation/design-notes.md) and ``plain`` on Spark 3.5."""
+    if setting not in PARQUET_ENCODINGS:
+        raise ValueError(f"parquet encoding {setting!r} is not one of {PARQUET_ENCODINGS}")
+    if setting != "auto":
+        return setting
+    return "byte_stream_split" if parse_version(spark_version) >= (4, 0) else "plain"
+
+
+def check_readable(encoding: str | None, spark_version: str, where: str) -> None:
+    """A clear error where Spark ``spark_version`` is about to read a dataset (``where``) whose
+    indices are encoded ``encoding`` (its manifest's ``parquet_encoding``; None: written before
+    it was recorded, byte_stream_split) and cannot."""
+    if (encoding or "byte_stream_split") == "byte_stream_split" and parse_version(spark_version) < (4, 0):
+        raise SparkVersionError(
+            f"Spark {spark_version} cannot read {where}: its indices are encoded BYTE_STREAM_SPLIT, which Spark "
+            f"reads from 4.0; featurize it again on this Spark (featurize.parquet_encoding auto or plain)")
