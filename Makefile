@@ -10,7 +10,7 @@ export PYTHONHASHSEED := 0
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test test-cluster test-multihost bench bench-scale bench-scale-curve bench-scale-peers dist lint screenshot docs clean device-wheels device-check
+.PHONY: demo test test-spark35 test-cluster test-multihost bench bench-scale bench-scale-curve bench-scale-peers dist lint screenshot docs clean device-wheels device-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,32 @@ demo: $(STAMP)
 test: $(STAMP) $(AIRFLOW_STAMP) dist
 	TERASCALE_DIST=$(abspath dist) $(PY) -m pytest -q tests; rc=$$?; \
 	$(MAKE) --no-print-directory test-airflow || rc=1; exit $$rc
+
+# Spark lines (docs/pages/how-to/spark-versions.md): `make test` runs on the newest pyspark that
+# pyproject.toml allows (.venv); test-spark35 runs every Spark-using test again in .venv-spark35
+# with the newest pyspark 3.5.x: the spark and cluster markers (local mode, local-cluster, the
+# standalone cluster with a Spark 3.5 master and workers on dist/spark3.5), tests/test_spark_lines.py
+# (the same pipeline on both lines, bit for bit, .venv as the reference) and the Airflow DAG's
+# spark-submit. Not the multihost runs (the cluster's Spark is the standalone test's) nor the
+# benchmark harness's 100k-row rehearsal (tests/test_bench_scale.py: no Spark API of its own).
+SPARK35_VENV ?= .venv-spark35
+SPARK35_PY := $(SPARK35_VENV)/bin/python
+SPARK35_STAMP := $(SPARK35_VENV)/.terascale-installed
+
+$(SPARK35_STAMP): pyproject.toml
+	test -x $(SPARK35_PY) || $(PYTHON) -m venv $(SPARK35_VENV)
+	$(SPARK35_PY) -m pip install --quiet --upgrade pip
+	$(SPARK35_PY) -m pip install --quiet -e ".[dev]" "pyspark==3.5.*"
+	touch $(SPARK35_STAMP)
+
+test-spark35: $(STAMP) $(SPARK35_STAMP) $(AIRFLOW_STAMP)
+	$(MAKE) --no-print-directory dist SPARK=3.5
+	PYSPARK_PYTHON=$(abspath $(SPARK35_PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(SPARK35_PY)) \
+	TERASCALE_DIST=$(abspath dist/spark3.5) TERASCALE_REFERENCE_PYTHON=$(abspath $(PY)) \
+		$(SPARK35_PY) -m pytest -q -m "(spark or cluster) and not multihost" \
+		--deselect tests/test_bench_scale.py tests; rc=$$?; \
+	TERASCALE_PYTHON=$(abspath $(SPARK35_PY)) TERASCALE_DIST=$(abspath dist/spark3.5) \
+		$(AIRFLOW_VENV)/bin/python -m pytest -q $(AIRFLOW_TESTS) || rc=1; exit $$rc
 
 test-cluster: $(STAMP) dist
 	TERASCALE_DIST=$(abspath dist) $(PY) -m pytest -q -m cluster tests
@@ -113,7 +139,13 @@ test-airflow: $(STAMP) $(AIRFLOW_STAMP) dist
 #                                          travels in the zip (or the wheel).
 #   jobs/*.py                              the spark-submit entry points
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-DIST_ENV := dist/.env-build
+# SPARK=3.5 (make dist SPARK=3.5): the same into dist/spark3.5, its env for a Spark 3.5 cluster
+# (plus pandas<3, which pyspark 3.5 checks for before an Arrow stage: pipeline/spark_compat.py)
+SPARK ?=
+DIST := dist$(if $(SPARK),/spark$(SPARK))
+SPARK35_EXTRA := "pandas>=2.2,<3"
+DIST_EXTRA := $(if $(filter 3.5,$(SPARK)),$(SPARK35_EXTRA))
+DIST_ENV := $(DIST)/.env-build
 DIST_ENTRIES := $(shell grep -l '^if __name__ == "__main__":' jobs/submit/*.py)
 
 # the wheel's files less its .dist-info, with a directory entry per folder: zipimport finds the
@@ -130,24 +162,24 @@ dst.close()
 endef
 export PYFILES_ZIP
 
-dist: dist/env.tar.gz dist/terascale-$(VERSION)-py3-none-any.whl
-	@ls -l dist dist/jobs
+dist: $(DIST)/env.tar.gz $(DIST)/terascale-$(VERSION)-py3-none-any.whl
+	@ls -l $(DIST) $(DIST)/jobs
 
-dist/terascale-$(VERSION)-py3-none-any.whl: $(STAMP) pyproject.toml $(wildcard pipeline/*.py allreduce/*.py solvers/*.py solvers/*/*.py jobs/*.py jobs/*/*.py)
-	rm -rf dist/*.whl dist/terascale-pyfiles.zip dist/jobs build
-	mkdir -p dist/jobs
-	$(PY) -m pip wheel --quiet --no-deps -w dist .
-	$(PY) -c "$$PYFILES_ZIP" $@ dist/terascale-pyfiles.zip
-	cp $(DIST_ENTRIES) dist/jobs/
+$(DIST)/terascale-$(VERSION)-py3-none-any.whl: $(STAMP) pyproject.toml $(wildcard pipeline/*.py allreduce/*.py solvers/*.py solvers/*/*.py jobs/*.py jobs/*/*.py)
+	rm -rf $(DIST)/*.whl $(DIST)/terascale-pyfiles.zip $(DIST)/jobs build
+	mkdir -p $(DIST)/jobs
+	$(PY) -m pip wheel --quiet --no-deps -w $(DIST) .
+	$(PY) -c "$$PYFILES_ZIP" $@ $(DIST)/terascale-pyfiles.zip
+	cp $(DIST_ENTRIES) $(DIST)/jobs/
 	rm -rf build
 
-dist/env.tar.gz: $(STAMP) pyproject.toml
-	rm -rf $(DIST_ENV) dist/env.tar.gz
+$(DIST)/env.tar.gz: $(STAMP) pyproject.toml
+	rm -rf $(DIST_ENV) $(DIST)/env.tar.gz
 	$(PYTHON) -m venv $(DIST_ENV)
 	$(DIST_ENV)/bin/python -m pip install --quiet --upgrade pip
-	$(DIST_ENV)/bin/python -m pip install --quiet $$($(PY) -c 'import tomllib; print(" ".join(d for d in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"] if not d.startswith("pyspark")))')
-	$(VENV)/bin/venv-pack --quiet --prefix $(DIST_ENV) --format tar.gz --output dist/env.tar.gz.tmp
-	chmod 644 dist/env.tar.gz.tmp && mv dist/env.tar.gz.tmp dist/env.tar.gz
+	$(DIST_ENV)/bin/python -m pip install --quiet $$($(PY) -c 'import tomllib; print(" ".join(d for d in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"] if not d.startswith("pyspark")))') $(DIST_EXTRA)
+	$(VENV)/bin/venv-pack --quiet --prefix $(DIST_ENV) --format tar.gz --output $(DIST)/env.tar.gz.tmp
+	chmod 644 $(DIST)/env.tar.gz.tmp && mv $(DIST)/env.tar.gz.tmp $(DIST)/env.tar.gz
 	rm -rf $(DIST_ENV)
 
 # The hardware check (issue 31; tests/device): `make device-wheels` here puts into .whl/ the wheels

@@ -149,4 +149,4 @@ class TerascaleFeaturizer(Transformer, DefaultParamsReadable, DefaultParamsWrita
                 yield pa.RecordBatch.from_arrays([*b.columns[:n_keep], label_a, weight_a, idx, vals, reason],
                                                  names=[*keep, *OUTPUT])
 
-        return df.mapInArrow(fn, schema)
+        return spark_compat.map_in_arrow(df, fn, schema, "TerascaleFeaturizer.transform")

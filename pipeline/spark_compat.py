@@ -138,6 +138,12 @@ def arrow_scalar_udf(fn, return_type: str):
         return pandas_udf(on_pandas, return_type, PandasUDFType.SCALAR)
 
 
+def map_in_arrow(df, fn, schema, what: str):
+    """``df.mapInArrow(fn, schema)``, after :func:`require_pandas` (``what`` names the step)."""
+    require_pandas(what)
+    return df.mapInArrow(fn, schema)
+
+
 def require_pandas(what: str) -> None:
     """On Spark before 4.0, where pyspark's Arrow paths check for pandas on the driver: pandas
     must import (see the module docstring)."""

@@ -333,7 +333,7 @@ def _spark_read(spark, inputs, table, where, spec, fconf, opts, staging, out):
             time.sleep(slow_s)
         yield pa.RecordBatch.from_pydict({"result": [json.dumps(result)]})
 
-    mapped = df.mapInArrow(task_fn, "result string")
+    mapped = spark_compat.map_in_arrow(df, task_fn, "result string", "featurize through Spark (a table, a filter, an expression)")
     root = staging.rsplit("/", 1)[0]
     rows = collect_tasks(sc, root, mapped.rdd, f"terascale featurize: {what} -> {out}")
     results = [json.loads(r["result"]) for r in rows]

@@ -34,7 +34,11 @@ def _gpu_available() -> bool:
         return False
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects by marker
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # a test on the spark fixture is a Spark test (make test-spark35 selects by marker)
+        if "spark" in getattr(item, "fixturenames", ()) and "spark" not in item.keywords:
+            item.add_marker(pytest.mark.spark)
     if any("gpu" in item.keywords for item in items) and not _gpu_available():
         skip = pytest.mark.skip(reason="no CUDA device on this machine (numba's simulator is not one)")
         for item in items:

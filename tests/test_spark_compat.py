@@ -199,3 +199,19 @@ def _quarantined(ds: Path) -> int:
     from terascale.pipeline.manifest import read_manifest
 
     return read_manifest(str(ds))["quarantine"]["rows"]
+
+
+@pytest.mark.parametrize("version, error", [("3.5.9", True), ("4.0.0", False)])
+def test_pandas_is_asked_for_by_name_on_spark35_only(version, error):
+    """pyspark 3.5 checks for pandas on the driver before any Arrow stage: without it, the error
+    says what to install (a process where ``import pandas`` fails, as where it is not installed)."""
+    code = ("import sys, pyspark; sys.modules['pandas'] = None; pyspark.__version__ = sys.argv[1]\n"
+            "from terascale.pipeline.spark_compat import require_pandas\n"
+            "try:\n    require_pandas('featurize through Spark')\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
+            "else:\n    print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code, version], capture_output=True, text=True, timeout=60)
+    if error:
+        assert r.stdout.strip() == ("SparkVersionError featurize through Spark on pyspark 3.5.9 needs pandas on the "
+                                    "driver (pyspark 3.5 checks for it before any Arrow stage): pip install 'pandas>=2.2'")
+    else:
+        assert r.stdout.strip() == "ok"
