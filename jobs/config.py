@@ -115,6 +115,8 @@ class FeaturizeConf:
     label_expr: str = param("", "format table: a Spark SQL expression for the label instead of a column (clicks > 0)")
     weight: str = param("", "format table: a column of row weights (finite, >= 0); '' = every row weighs 1")
     weight_expr: str = param("", "format table: a Spark SQL expression for the weight instead of a column")
+    time_column: str = param("", "format table: a timestamp, date or integer column kept with each row (the dataset's "
+                             "time column), so training can hold out the latest rows (train.holdout_latest); '' = none")
     columns: tuple = param(
         (), "format table: the feature fields, each {name, kind: categorical | numeric | multi | map, column or "
         "expr, bucketing: none | log | boundaries | quantile, boundaries, quantiles, missing: skip | token, "
@@ -206,6 +208,9 @@ class _TrainJobTail:
     """train.* keys of the job that come after the solver's."""
 
     holdout_period: int = param(10, "1 row in N is held out for early stopping (as VW's --holdout_period), chosen by a hash of the row's file (relative to the dataset) and index in it, seeded by train.seed: the same rows for any train.workers (solvers.holdout); 0 = none, 1 = all (nothing left to train on)", Interval(0, 1000000, integer=True))
+    holdout_latest: float = param(0.0, "hold out this fraction of the latest rows by the dataset's time column "
+                                  "(featurize.time_column: validate on later traffic) instead of 1 row in holdout_period; "
+                                  "every row at the cut's time is held out; 0 = off", Interval(0.0, 0.99))
     recalibrate: str = param(
         "auto", "fit the slope and shift of sigma(a * margin + c) to the held-out rows after training (solvers."
         "recalibration) and score with them: on, off, or auto = on when the dataset was negative-downsampled "
@@ -507,7 +512,7 @@ def recalibration_obstacle(t: Any) -> str | None:
         return f"train.loss = {t.loss!r} predicts margins, not probabilities (logistic does)"
     if not solver_spec(t.solver).holdout:
         return f"train.solver = {t.solver!r} trains on every row"
-    if t.holdout_period in (0, 1):
+    if t.holdout_period in (0, 1) and not t.holdout_latest:
         return f"train.holdout_period = {t.holdout_period} holds no rows out to fit on (set N > 1; the default is 10)"
     return None
 
@@ -531,9 +536,9 @@ def _cross_checks(cfg: Config) -> None:
         expand_crosses(fz.crosses, fz.cross_all, [f.name for f in fz.columns])
         if fz.conjunctions:
             raise ConfigError("featurize.conjunctions: for Criteo TSV; a table spec crosses fields with featurize.crosses")
-    elif fz.columns or fz.crosses or fz.cross_all or fz.table or fz.where:
+    elif fz.columns or fz.crosses or fz.cross_all or fz.table or fz.where or fz.time_column:
         key = next(k for k, v in (("columns", fz.columns), ("crosses", fz.crosses), ("cross_all", fz.cross_all),
-                                  ("table", fz.table), ("where", fz.where)) if v)
+                                  ("table", fz.table), ("where", fz.where), ("time_column", fz.time_column)) if v)
         raise ConfigError(f"featurize.{key}: only for featurize.format = 'table' (got {fz.format!r})")
     if fz.token_dictionary and fz.format != "criteo":
         raise ConfigError(f"featurize.token_dictionary = true: needs featurize.format = 'criteo' (got {fz.format!r}); "
@@ -546,7 +551,7 @@ def _cross_checks(cfg: Config) -> None:
     solver_params(cfg.train)  # the solver's own cross-checks (the catalogue's SolverSpec.check)
     t = cfg.train
     auto = auto_penalty(t)  # a regularization path (solvers.regpath)
-    if auto is not None and t.holdout_period in (0, 1):
+    if auto is not None and t.holdout_period in (0, 1) and not t.holdout_latest:
         raise ConfigError(f"train.{auto} = 'auto': chooses {auto} by the held-out loss, which needs held-out rows: "
                           f"set train.holdout_period to N > 1 (1 row in N held out; the default is 10; got "
                           f"{t.holdout_period}), or set train.{auto} to a number")

@@ -109,7 +109,7 @@ def estimate(t, n_features: int, shard: ShardSize, active: int, workers: int, ch
     the bytes of its shard a rank holds at once (the CSR term is then at most that)."""
     D = n_features
     d = D if warm_start else min(D, active)
-    acc = account(Plan.of(t, t.holdout_period > 0, workers, chunk_bytes, cache_budget),
+    acc = account(Plan.of(t, t.holdout_period > 0 or t.holdout_latest > 0, workers, chunk_bytes, cache_budget),
                   Sizes(D, shard.rows, shard.nnz, shard.nnz_values, d, features=min(D, shard.nnz, active)),
                   BASELINE_BYTES)
     return Estimate(acc.terms, acc.peak_phase, acc.total,

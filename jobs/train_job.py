@@ -28,7 +28,7 @@ from terascale.jobs.memory_accounting import CSR_TERM
 from terascale.jobs.progress import ProgressMonitor
 from terascale.jobs.run_checkpoints import RunCheckpoints
 from terascale.jobs.train_task import Inject, TaskSpec, run_train_task
-from terascale.pipeline import artifacts, fsutil, modeldir, shard_cache
+from terascale.pipeline import artifacts, fsutil, modeldir, shard_cache, time_split
 from terascale.pipeline.dataset import plan_shards
 from terascale.pipeline.manifest import MANIFEST, DatasetError, read_manifest
 from terascale.pipeline.pointer import resolve_model, served_by
@@ -199,6 +199,22 @@ def _recalibration_record(planned: bool, why: str, fitted: dict | None) -> dict:
     return {"applied": planned, "why": why, **(fitted or {})}
 
 
+def _time_split(t, manifest: dict, data_dir: str) -> dict | None:
+    """The held-out split by time (``train.holdout_latest``, ``pipeline.time_split``): the cut and
+    what it stands for, or None for the split by row; a dataset without a time column is a
+    ConfigError naming it (before any Spark job)."""
+    if not t.holdout_latest:
+        return None
+    entry = manifest.get("time")
+    if not entry:
+        raise ConfigError(f"train.holdout_latest = {t.holdout_latest}: the dataset {data_dir} has no time column; "
+                          "featurize it with featurize.time_column (a table's timestamp, date or integer column)")
+    cut = time_split.cut_for_latest(entry["quantiles"], t.holdout_latest)
+    log.info("train: holding out the latest %.3g of the rows: %s >= %d (%s)", t.holdout_latest, entry["column"], cut,
+             entry["unit"])
+    return {"by": "time", "column": entry["column"], "unit": entry["unit"], "fraction": t.holdout_latest, "cut": cut}
+
+
 def run_train(spark, cfg: Config, data_dir: str, model_dir: str, tracking: dict | None = None) -> dict:
     """Train on the featurized dataset ``data_dir`` and write ``model_dir``; returns its metadata.
     ``tracking``: the metadata's ``tracking`` entry (the MLflow run, ``jobs.tracking``), if any."""
@@ -219,6 +235,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str, tracking: dict 
             detail = ", ".join(f"{k}: model {init_meta['spec'].get(k)!r} vs data {spec.get(k)!r}" for k in diff)
             raise modeldir.ModelError(f"train.init_model {t.init_model}: its feature spec differs from the data's ({detail})")
     params = solver_params(cfg.train)
+    split = _time_split(t, manifest, data_dir) if solver_spec(params.solver).holdout else None
     shards = plan_shards(data_dir, t.workers, manifest)
     memory, cache = _memory_preflight(spark, cfg, manifest, shards, int(spec["bits"]), bool(init_model))
     ckpt = checkpoint_dir(cfg, model_dir)
@@ -229,7 +246,9 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str, tracking: dict 
     task = TaskSpec(
         shards=tuple(tuple(s) for s in shards), n_features=1 << int(spec["bits"]), params=params,
         # a solver without a held-out split (CoCoA stops on the duality gap) trains on all rows
-        holdout_period=t.holdout_period if solver_spec(params.solver).holdout else 0, checkpoint_dir=run_ckpt.dir, checkpoint_interval_s=t.checkpoint_interval_s,
+        holdout_period=t.holdout_period if solver_spec(params.solver).holdout and split is None else 0,
+        holdout_cut=None if split is None else split["cut"],
+        checkpoint_dir=run_ckpt.dir, checkpoint_interval_s=t.checkpoint_interval_s,
         staging_dir=staging,
         inject=Inject(**dataclasses.asdict(t.inject)), init_weights=init_model,
         groups_path=_groups_path(data_dir, manifest, params),
@@ -244,6 +263,8 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str, tracking: dict 
     # probability 1/holdout_period (by its identity, solvers.holdout); the tasks report the exact one
     period = task.holdout_period
     train_rows = manifest["rows"] - (round(manifest["rows"] / period) if period else 0)
+    if split is not None:
+        train_rows = round(manifest["rows"] * (1.0 - t.holdout_latest))
     try:
         with run_ckpt, ProgressMonitor(run_ckpt.dir, path_passes(params), train_rows, tty=_progress_tty(cfg),
                                              step_passes=params.passes if auto_penalty(params) else 0,
@@ -270,6 +291,7 @@ def run_train(spark, cfg: Config, data_dir: str, model_dir: str, tracking: dict 
         "history": rank0["history"],
         **({"regularization": rank0["regularization"]} if rank0.get("regularization") else {}),
         "recalibration": _recalibration_record(recal_on, recal_why, rank0.get("recalibration")),
+        "holdout": split or {"by": "row", "period": task.holdout_period, "seed": params.seed},
         "per_rank": per_rank,
         "data": {"dataset": fsutil.normalize(data_dir), "rows": manifest["rows"], **rank0["totals"],
                  **negative_sampling(manifest)},

@@ -108,6 +108,7 @@ class TaskSpec:
     cache: CacheSpec = CacheSpec()  # where the shard lives: memory, or the local shard cache (disk)
     recalibrate: bool = False  # fit σ(a·m + c) on the held-out rows after training (solvers.recalibration)
     path_rows: int = 0  # N of the regularization path: the rows the data stands for (pipeline.sampling.population_rows)
+    holdout_cut: int | None = None  # held-out rows by time instead: time >= holdout_cut (pipeline.time_split)
 
 
 def _progress_hook(ctx, spec: TaskSpec):
@@ -137,7 +138,7 @@ def _read(spec: TaskSpec, ctx, cache: ShardCache | None = None):
         cache.check_space(sum(16 * p.rows + 8 * p.nnz_estimate for p in parts))
         factory = cache.sink_factory()
     train_data, holdout = read_shard(parts, spec.n_features, spec.holdout_period, spec.params.seed,
-                                     sink_factory=factory)
+                                     sink_factory=factory, holdout_cut=spec.holdout_cut)
     if holdout is None or train_data.n_rows + holdout.n_rows == 0:
         return train_data, None, train_data.nbytes
     return train_data, holdout, train_data.nbytes + holdout.nbytes
@@ -159,7 +160,8 @@ def _train(ctx, spec: TaskSpec, cache: ShardCache | None) -> dict:
     t0 = time.perf_counter()
     probe = MemoryProbe()  # the process baseline: before the warm-up and the shard
     # load the solver's compiled kernels while pyarrow reads the shard (solvers.warmup)
-    warming = start_warm_up(spec.params, spec.holdout_period, bool(spec.groups_path))
+    warming = start_warm_up(spec.params, 10 if spec.holdout_cut is not None else spec.holdout_period,
+                            bool(spec.groups_path))
     train_data, holdout, csr_bytes = _read(spec, ctx, cache)
     read_s = time.perf_counter() - t0
     if warming is not None:

@@ -22,6 +22,7 @@ import pyarrow as pa
 from terascale.pipeline import fsutil
 from terascale.pipeline.manifest import MANIFEST, dataset_files, read_manifest
 from terascale.pipeline.shard_sink import MemorySink
+from terascale.pipeline.time_split import held_out_by_time
 from terascale.pipeline.verify import (
     DataFileError,
     Footer,
@@ -102,6 +103,21 @@ def holdout_mask(parts: list[ShardPart], period: int, seed: int) -> np.ndarray |
     return np.concatenate(masks) if masks else np.zeros(0, dtype=bool)
 
 
+def time_mask(parts: list[ShardPart], cut: int) -> np.ndarray:
+    """Which rows of the shard ``parts`` are held out by time: their ``time`` >= ``cut``
+    (``pipeline.time_split``); the time column only is read."""
+    masks = []
+    for p in parts:
+        t = read_row_groups(p.path, p.row_groups, ["time"])
+        if "time" not in t.column_names:
+            raise DataFileError(f"{p.path}: has no time column (featurized without featurize.time_column)")
+        if t.num_rows != p.rows:
+            raise DataFileError(f"{p.path}: row groups {p.row_groups} hold {t.num_rows} rows, the plan {p.rows}")
+        times = t.column("time").to_numpy()
+        masks.append(held_out_by_time(times, cut))
+    return np.concatenate(masks) if masks else np.zeros(0, dtype=bool)
+
+
 def _table(part: ShardPart) -> pa.Table:
     return read_row_groups(part.path, part.row_groups, COLUMNS)  # a bad file: DataFileError
 
@@ -112,13 +128,14 @@ def read_csr(parts: list[ShardPart], n_features: int) -> CSRData:
 
 
 def read_shard(parts: list[ShardPart], n_features: int, holdout_period: int = 0, seed: int = 0,
-               sink_factory=None) -> tuple[CSRData, CSRData | None]:
+               sink_factory=None, holdout_cut: int | None = None) -> tuple[CSRData, CSRData | None]:
     """(training rows, held-out rows or None) of the shard ``parts``, read in record batches of
-    :data:`BATCH_ROWS` rows: each batch is split by :func:`holdout_mask` and handed to the sinks
+    :data:`BATCH_ROWS` rows: each batch is split by :func:`holdout_mask` (or, with a
+    ``holdout_cut``, :func:`time_mask`: the rows at or after that time) and handed to the sinks
     (``sink_factory(rows, nnz_hint)``, default :class:`~pipeline.shard_sink.MemorySink`), then
     dropped, so the shard is held once. Row order is the parts' order."""
     make = sink_factory or MemorySink
-    held = holdout_mask(parts, holdout_period, seed)
+    held = time_mask(parts, holdout_cut) if holdout_cut is not None else holdout_mask(parts, holdout_period, seed)
     n = sum(p.rows for p in parts)
     nnz = sum(p.nnz_estimate for p in parts)
     n_held = 0 if held is None else int(held.sum())

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from terascale.pipeline import fsutil, groups, sampling, tokendict
+from terascale.pipeline import fsutil, groups, sampling, time_split, tokendict
 from terascale.pipeline.blocks import BlockParser, LongLine, Piece, iter_blocks
 from terascale.pipeline.rowkernels import LINE_TOO_LONG, REASONS
 from terascale.pipeline.spec import FeatureSpec
@@ -41,6 +41,9 @@ QUARANTINE_SCHEMA = pa.schema(
         pa.field("truncated", pa.bool_(), nullable=False),
     ]
 )
+
+#: OUTPUT_SCHEMA plus each row's time (featurize.time_column; pipeline.time_split)
+TIMED_SCHEMA = OUTPUT_SCHEMA.append(pa.field("time", pa.int64(), nullable=False))
 
 DATA_FILE = "data.parquet"
 QUARANTINE_FILE = "quarantine.parquet"
@@ -80,9 +83,10 @@ class TaskOptions:
     dictionary_max_buckets: int = 1 << 20
 
 
-def _arrow_batch(labels, indptr, indices, values, multi, weights) -> pa.RecordBatch:
-    """The rows as a batch of OUTPUT_SCHEMA. It keeps ``labels``, ``indices`` and ``weights``
-    (Arrow wraps them without a copy); ``indptr``, ``values`` and ``multi`` are read, not kept."""
+def _arrow_batch(labels, indptr, indices, values, multi, weights, times=None) -> pa.RecordBatch:
+    """The rows as a batch of OUTPUT_SCHEMA (TIMED_SCHEMA with ``times``). It keeps ``labels``,
+    ``indices``, ``weights`` and ``times`` (Arrow wraps them without a copy); ``indptr``,
+    ``values`` and ``multi`` are read, not kept."""
     n = labels.shape[0]
     offsets = pa.array(indptr.astype(np.int32))
     idx = pa.ListArray.from_arrays(offsets, pa.array(indices), type=OUTPUT_SCHEMA.field("indices").type)
@@ -98,6 +102,9 @@ def _arrow_batch(labels, indptr, indices, values, multi, weights) -> pa.RecordBa
     else:
         val = pa.nulls(n, type=OUTPUT_SCHEMA.field("values").type)
     weight = pa.array(weights)
+    if times is not None:
+        return pa.RecordBatch.from_arrays([pa.array(labels), weight, idx, val, pa.array(times, pa.int64())],
+                                          schema=TIMED_SCHEMA)
     return pa.RecordBatch.from_arrays([pa.array(labels), weight, idx, val], schema=OUTPUT_SCHEMA)
 
 
@@ -123,11 +130,13 @@ class _Quarantine:
         return pa.table(self.rows, schema=QUARANTINE_SCHEMA)
 
 
-def open_writer(fs, inner: str, compression: str, encoding: str = "byte_stream_split") -> pq.ParquetWriter:
-    """The Parquet writer of a task's rows (``OUTPUT_SCHEMA``), on filesystem ``fs``; ``encoding``
-    of the indices: ``byte_stream_split`` or ``plain`` (what Spark 3.5 reads)."""
+def open_writer(fs, inner: str, compression: str, encoding: str = "byte_stream_split",
+                schema: pa.Schema = OUTPUT_SCHEMA) -> pq.ParquetWriter:
+    """The Parquet writer of a task's rows (``schema``: OUTPUT_SCHEMA, or TIMED_SCHEMA), on
+    filesystem ``fs``; ``encoding`` of the indices: ``byte_stream_split`` or ``plain`` (what Spark
+    3.5 reads)."""
     return pq.ParquetWriter(
-        inner, OUTPUT_SCHEMA, filesystem=fs, compression=None if compression == "none" else compression,
+        inner, schema, filesystem=fs, compression=None if compression == "none" else compression,
         use_dictionary=False,  # hashed indices are near-random: dictionaries only cost time
         # byte_stream_split: the indices' bytes stream by stream (all low bytes, ..., all high bytes):
         # the codec then skips the near-random low bytes quickly and packs the high ones. With snappy:
@@ -150,8 +159,10 @@ class TaskOutput:
     and per input (``stats``) lines, rows, quarantined by reason, dropped, positives and kept
     negatives. The text and the table tasks both write through it; ``phases`` gets the write time."""
 
-    def __init__(self, attempt_dir: str, bits: int, opts: TaskOptions, phases: dict):
+    def __init__(self, attempt_dir: str, bits: int, opts: TaskOptions, phases: dict, timed: bool = False):
         self.opts, self.phases, self.attempt_dir = opts, phases, attempt_dir
+        self.timed = timed  # rows carry their time (TIMED_SCHEMA): add(..., times=...)
+        self._times: list[tuple[list[int], int]] = []  # each batch's order statistics (not its rows)
         self.fs, inner = fsutil.resolve(attempt_dir)
         self.fs.create_dir(inner, recursive=True)
         self.data_path = fsutil.join(attempt_dir, DATA_FILE)
@@ -162,7 +173,8 @@ class TaskOutput:
         self.totals = {"rows": 0, "nnz": 0, "positives": 0.0, "weight_sum": 0.0, "multi_rows": 0}
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
-        self._writer = open_writer(self.fs, self._data_inner, opts.compression, opts.parquet_encoding)
+        self._writer = open_writer(self.fs, self._data_inner, opts.compression, opts.parquet_encoding,
+                                   TIMED_SCHEMA if timed else OUTPUT_SCHEMA)
 
     def stats(self, src: str) -> dict:
         return self.per_input.setdefault(src, {"lines": 0, "rows": 0, "quarantined": {}, "dropped": 0,
@@ -175,9 +187,12 @@ class TaskOutput:
         self.quarantine.add(src, line, offset, reason, length, raw)
         stats["quarantined"][reason] = stats["quarantined"].get(reason, 0) + 1
 
-    def add(self, stats: dict, labels, indptr, indices, values, multi, weights) -> None:
-        """Count and keep rows (arrays the batch may keep: ``labels``, ``indices``, ``weights``);
-        ``flush(full_only=True)`` writes them once they fill a row group."""
+    def add(self, stats: dict, labels, indptr, indices, values, multi, weights, times=None) -> None:
+        """Count and keep rows (arrays the batch may keep: ``labels``, ``indices``, ``weights``,
+        ``times``: int64, given exactly when the output is ``timed``); ``flush(full_only=True)``
+        writes them once they fill a row group."""
+        if (times is not None) != self.timed:
+            raise ValueError("rows' times are given exactly when the output is timed")
         n_rows = labels.shape[0]
         stats["rows"] += n_rows
         if n_rows == 0:
@@ -191,7 +206,9 @@ class TaskOutput:
         t["positives"] += float(labels.sum(dtype=np.float64))
         t["weight_sum"] += float(weights.sum(dtype=np.float64))
         t["multi_rows"] += int(multi.sum())
-        self._pending.append(_arrow_batch(labels, indptr, indices, values, multi, weights))
+        self._pending.append(_arrow_batch(labels, indptr, indices, values, multi, weights, times))
+        if times is not None:
+            self._times.append(time_split.task_points(times))
         self._pending_rows += n_rows
 
     def flush(self, full_only: bool = False) -> None:
@@ -238,6 +255,8 @@ class TaskOutput:
             "seconds": time.perf_counter() - t0,
             "cpu_seconds": clock() - c0,
             "phases": {**self.phases, "finish": clock() - c},
+            # order statistics of the rows' times, merged by the driver into the manifest (pipeline.time_split)
+            "time_points": time_split.merge_summaries(self._times),
             **self.totals,
         }
 

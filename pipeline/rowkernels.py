@@ -28,6 +28,7 @@ UNPARSABLE = 8
 BAD_WEIGHT = 9
 BAD_NUMERIC = 10
 TOO_MANY_FEATURES = 11
+BAD_TIME = 12
 
 REASONS = (
     "ok",
@@ -42,6 +43,7 @@ REASONS = (
     "bad_weight",
     "bad_numeric",
     "too_many_features",
+    "bad_time",  # a table row whose time column (featurize.time_column) is null
 )
 REASON_CODES = {name: code for code, name in enumerate(REASONS)}
 

@@ -20,6 +20,8 @@ What differs between the lines:
 - **pandas on the driver** (Spark 3.5): pyspark 3.5's ``mapInArrow`` and pandas UDFs check that
   pandas imports on the driver, though the Arrow path never uses it: :func:`require_pandas`
   turns the missing module into an error that says what to install.
+- **Arrow schemas** of Spark types: pyspark 4's ``to_arrow_schema`` needs a time zone for
+  timestamps, 3.5's takes none (:func:`arrow_schema`).
 - **Parquet encodings**: Spark 3.5 (parquet-mr 1.13) cannot read INT32 columns encoded
   ``BYTE_STREAM_SPLIT``, which Spark 4 reads: :func:`parquet_encoding` picks the featurized
   indices' encoding for the session's Spark, :func:`check_readable` names a dataset Spark 3.5
@@ -136,6 +138,17 @@ def arrow_scalar_udf(fn, return_type: str):
     with warnings.catch_warnings():  # PandasUDFType is deprecated in favour of type hints of a fixed arity
         warnings.simplefilter("ignore")
         return pandas_udf(on_pandas, return_type, PandasUDFType.SCALAR)
+
+
+def arrow_schema(schema):
+    """The Arrow schema of a Spark ``StructType`` (what ``mapInArrow`` hands the tasks, timestamps
+    in UTC): pyspark 4 asks for the timestamps' zone, 3.5 takes none and gives UTC."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        return to_arrow_schema(schema, timezone="UTC")
+    except TypeError:  # pyspark 3.5: to_arrow_schema(schema)
+        return to_arrow_schema(schema)
 
 
 def map_in_arrow(df, fn, schema, what: str):

@@ -248,9 +248,9 @@ def _merge_tokens(root: str, opts: TaskOptions, results: list[dict]) -> dict | N
 
 def _commit(out: str, root: str, spec: FeatureSpec, inputs: list[str], results: list[dict],
             seconds: float, options: dict, group_map: np.ndarray | None = None, tokens: dict | None = None,
-            overwrite: bool = False, run_id: str = "") -> dict:
+            overwrite: bool = False, run_id: str = "", extra: dict | None = None) -> dict:
     """Build the dataset in the staging directory ``root`` (the token dictionary, when asked for,
-    is already there) and swap it in at ``out``."""
+    is already there) and swap it in at ``out``; ``extra``: more manifest entries (``time``)."""
     fsutil.makedirs(root)
     files, qfiles = [], []
     results = sorted(results, key=lambda r: r["task"])
@@ -276,6 +276,7 @@ def _commit(out: str, root: str, spec: FeatureSpec, inputs: list[str], results: 
                               groups=group_entry)
     if tokens is not None:  # the token dictionary (pipeline.tokendict), in place before the manifest
         manifest["dictionary"] = tokens
+    manifest.update(extra or {})
     fsutil.write_json_atomic(fsutil.join(root, MANIFEST), manifest)
     # checked again: the output may have changed while the tasks ran
     artifacts.check_target(out, artifacts.DATASET, overwrite, "--output", OVERWRITE_FLAG)

@@ -31,7 +31,7 @@ from dataclasses import asdict, replace
 import numpy as np
 import pyarrow as pa
 
-from terascale.pipeline import artifacts, fsutil, spark_compat
+from terascale.pipeline import artifacts, fsutil, spark_compat, time_split
 from terascale.pipeline.featurize_task import TaskOptions, format_task_times, task_times
 from terascale.pipeline.manifest import merge_inputs
 from terascale.pipeline.plan import plan_ranges
@@ -63,7 +63,7 @@ from terascale.pipeline.table_sources import (
     read_piece,
     task_count,
 )
-from terascale.pipeline.table_task import Columns, run_table_task
+from terascale.pipeline.table_task import TIME, Columns, run_table_task
 
 log = logging.getLogger("terascale.featurize")
 SOURCE = "__source"
@@ -82,7 +82,21 @@ def _typed_columns(spec: FeatureSpec, cols: Columns) -> list[tuple[str, str, str
         out.append(("featurize.weight" if not t.weight_expr else "featurize.weight_expr", cols.weight, "weight"))
     for i, (f, (_, col)) in enumerate(zip(t.fields, cols.fields, strict=True)):
         out.append((f"featurize.columns[{i}] ({f.name}, {f.kind})", col, f.kind))
+    if cols.time:
+        out.append(("featurize.time_column", cols.time, "time"))
     return out
+
+
+def _time_entry(column: str, results: list[dict]) -> dict:
+    """The manifest's ``time`` entry (``pipeline.time_split``): the column, its unit and the
+    quantiles of the written rows' times, merged from the tasks' order statistics."""
+    units = sorted({u for r in results for u in r.get("time_units", ())})
+    if len(units) > 1:
+        raise FeaturizeError(f"featurize.time_column {column!r}: the inputs hold it as {' and as '.join(units)} "
+                             "(timestamps, dates and integers are not comparable); cast it in every input alike")
+    summaries = [tuple(r["time_points"]) for r in results]
+    return {"column": column, "unit": units[0] if units else "value", "rows": sum(n for _, n in summaries),
+            "quantiles": time_split.merge_points(summaries)}
 
 
 def run_table_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fconf,
@@ -118,9 +132,10 @@ def run_table_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec
     finally:
         sc.setJobDescription(None)
     options = {**asdict(opts), "input_format": fconf.input_format, "table": table, "where": where}
+    extra = {"time": _time_entry(fconf.time_column, results)} if fconf.time_column else None
     try:
         return _commit(out, root, spec, sources, results, time.perf_counter() - t0, options, group_map, None,
-                       overwrite=fconf.overwrite, run_id=run_id)
+                       overwrite=fconf.overwrite, run_id=run_id, extra=extra)
     except Exception:
         fsutil.delete(root)
         raise
@@ -134,7 +149,7 @@ def _file_read(spark, inputs, spec, fconf, opts, staging, out, root):
     sc = spark.sparkContext
     files = fsutil.expand_inputs(inputs)
     check_not_empty([{"path": f.uri, "bytes": f.size} for f in files], fconf.allow_empty)
-    cols = Columns.of(spec)
+    cols = Columns.of(spec, time_column=fconf.time_column)
     declared = parse_ddl(fconf.schema) if fconf.schema else None
     read = ReadOptions(fconf.input_format, cols.read, csv_header=fconf.csv_header, csv_delimiter=fconf.csv_delimiter)
     if fconf.input_format in ("json", "csv"):
@@ -265,7 +280,7 @@ def _spark_frame(spark, inputs, table, where, fconf):
     return df.where(where) if where else df
 
 
-def _projection(spec: FeatureSpec):
+def _projection(spec: FeatureSpec, time_column: str = ""):
     from pyspark.sql import functions as F
 
     t = spec.table
@@ -277,22 +292,23 @@ def _projection(spec: FeatureSpec):
     if t.weight or t.weight_expr:
         cols.append(pick(t.weight_expr, t.weight).alias(WEIGHT))
     cols += [pick(f.expr, f.source).alias(f.name) for f in t.fields]
-    cols.append(F.input_file_name().alias(SOURCE))
+    if time_column:
+        cols.append(F.col(f"`{time_column}`").alias(TIME))
+    cols.append(F.input_file_name().alias(SOURCE))  # last: the tasks split it off
     return cols
 
 
 def _spark_read(spark, inputs, table, where, spec, fconf, opts, staging, out):
-    from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.utils import AnalysisException
 
     sc = spark.sparkContext
     what = f"table {table}" if table else f"{fconf.input_format} input"
     try:
-        df = _spark_frame(spark, inputs, table, where, fconf).select(*_projection(spec))
-        schema = to_arrow_schema(df.schema)
+        df = _spark_frame(spark, inputs, table, where, fconf).select(*_projection(spec, fconf.time_column))
+        schema = spark_compat.arrow_schema(df.schema)
     except AnalysisException as e:
         raise SchemaError(f"featurize: {what}: {str(e).splitlines()[0]}") from None
-    cols = Columns.of(spec, exprs=True)
+    cols = Columns.of(spec, exprs=True, time_column=fconf.time_column)
     check_schema(spec.table, schema, _typed_columns(spec, cols), what)
     qf = _quantile_fields(spec)
     if qf:

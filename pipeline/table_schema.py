@@ -6,6 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from terascale.pipeline.table_spec import TableSpec
+from terascale.pipeline.time_split import unit_of
 from terascale.solvers.constraints import ConfigError
 
 
@@ -44,6 +45,9 @@ def type_problem(kind: str, t: pa.DataType) -> str | None:
     elif kind == "numeric":
         ok = _is_number(t) or pa.types.is_boolean(t)
         want = "a number (a string: cast it in an expr, e.g. expr: cast(price as double))"
+    elif kind == "time":
+        ok = unit_of(t) is not None
+        want = "a timestamp, a date or an integer"
     elif kind == "multi":
         ok = (pa.types.is_list(t) or pa.types.is_large_list(t)) and _categorical_type(t.value_type)
         want = "an array of strings, integers, booleans or dates"

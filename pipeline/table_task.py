@@ -18,12 +18,14 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from terascale.pipeline import sampling
+from terascale.pipeline import sampling, time_split
 from terascale.pipeline.featurize_task import PHASES, TaskOptions, TaskOutput
-from terascale.pipeline.rowkernels import REASONS
+from terascale.pipeline.rowkernels import BAD_TIME, REASONS
 from terascale.pipeline.spec import FeatureSpec
 from terascale.pipeline.table_kernel import LABEL, WEIGHT, featurize_batch
 from terascale.pipeline.table_sources import BadRecord
+
+TIME = "__time"  # the time column's name in a batch Spark projected
 
 
 @dataclass(frozen=True)
@@ -34,20 +36,23 @@ class Columns:
     label: str
     weight: str  # '' = no weight
     fields: tuple[tuple[str, str], ...]  # (field name, batch column)
+    time: str = ""  # the rows' time column (featurize.time_column); '' = none
 
     @classmethod
-    def of(cls, spec: FeatureSpec, exprs: bool = False) -> Columns:
+    def of(cls, spec: FeatureSpec, exprs: bool = False, time_column: str = "") -> Columns:
         """The input columns of a spec read straight from files; with ``exprs`` (Spark projected
-        the batch), the columns Spark named after the label, weight and fields."""
+        the batch), the columns Spark named after the label, weight, fields and time."""
         t = spec.table
         if exprs:
-            return cls(LABEL, WEIGHT if (t.weight or t.weight_expr) else "", tuple((f.name, f.name) for f in t.fields))
-        return cls(t.label, t.weight, tuple((f.name, f.source) for f in t.fields))
+            return cls(LABEL, WEIGHT if (t.weight or t.weight_expr) else "", tuple((f.name, f.name) for f in t.fields),
+                       TIME if time_column else "")
+        return cls(t.label, t.weight, tuple((f.name, f.source) for f in t.fields), time_column)
 
     @property
     def read(self) -> tuple[str, ...]:
         """The distinct input columns, in first-use order."""
-        names = [self.label] + ([self.weight] if self.weight else []) + [c for _, c in self.fields]
+        names = ([self.label] + ([self.weight] if self.weight else []) + [c for _, c in self.fields]
+                 + ([self.time] if self.time else []))
         return tuple(dict.fromkeys(names))
 
     def batch(self, b: pa.RecordBatch) -> pa.RecordBatch:
@@ -77,10 +82,11 @@ def run_table_task(task_index: int, batches: Iterable[tuple[str, int, pa.RecordB
     clock = time.process_time
     c0 = clock()
     phases = dict.fromkeys(PHASES, 0.0)
-    out = TaskOutput(attempt_dir, spec.bits, opts, phases)
+    out = TaskOutput(attempt_dir, spec.bits, opts, phases, timed=bool(cols.time))
     for src in expected_sources:  # a piece with no records still counts its file
         out.stats(src)
     phases["setup"] = clock() - c0
+    units: set[str] = set()  # of the time column's batches
     try:
         it = iter(batches)
         while True:
@@ -109,19 +115,32 @@ def run_table_task(task_index: int, batches: Iterable[tuple[str, int, pa.RecordB
                     out.bad(src, first_row + k, 0, REASONS[int(rows.status[k])], len(raw), raw, stats)
             labels, weights, indptr, indices, values, multi = (rows.labels, rows.weights, rows.indptr, rows.indices,
                                                               rows.values, rows.multi)
+            good = np.flatnonzero(rows.status == 0)  # the records of the kernel's rows
+            times = None
+            if cols.time:
+                units.add(time_split.unit_of(b.column(cols.time).type))
+                tv, valid = time_split.time_values(b.column(cols.time))
+                times, ok = tv[good], valid[good]
+                if not ok.all():  # a row without a time cannot be placed in a split by time
+                    lost = good[~ok]
+                    for k, raw in zip(lost.tolist(), _raw(b, lost), strict=True):
+                        out.bad(src, first_row + k, 0, REASONS[BAD_TIME], len(raw), raw, stats)
+                    indptr, indices, values = sampling.take_rows(indptr, indices, values, ok)
+                    labels, weights, multi, times, good = labels[ok], weights[ok], multi[ok], times[ok], good[ok]
             if opts.negative_rate < 1.0 and labels.shape[0]:
-                row_numbers = first_row + np.flatnonzero(rows.status == 0)
+                row_numbers = first_row + good
                 key = sampling.file_key(src + key_salt, opts.sample_seed)
                 keep = sampling.keep_mask(key, opts.sample_seed, row_numbers, labels, opts.negative_rate)
                 stats["dropped"] += int(keep.shape[0] - keep.sum())
                 indptr, indices, values = sampling.take_rows(indptr, indices, values, keep)
                 labels, weights, multi = labels[keep], weights[keep], multi[keep]
+                times = None if times is None else times[keep]
             weights = (weights * sampling.row_weights(labels, opts.negative_rate)).astype(np.float32, copy=False)
-            out.add(stats, labels, indptr, indices, values, multi, weights)
+            out.add(stats, labels, indptr, indices, values, multi, weights, times)
             phases["rows"] += clock() - c1
             out.flush(full_only=True)
             out.fail_if_drilled(task_index)
         out.flush()
     finally:
         out.close()
-    return out.finish(task_index, t0, c0, clock())
+    return {**out.finish(task_index, t0, c0, clock()), "time_units": sorted(units)}
