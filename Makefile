@@ -40,8 +40,9 @@ test: $(STAMP) $(AIRFLOW_STAMP) dist
 # with the newest pyspark 3.5.x: the spark and cluster markers (local mode, local-cluster, the
 # standalone cluster with a Spark 3.5 master and workers on dist/spark3.5), tests/test_spark_lines.py
 # (the same pipeline on both lines, bit for bit, .venv as the reference) and the Airflow DAG's
-# spark-submit. Not the multihost runs (the cluster's Spark is the standalone test's) nor the
-# benchmark harness's 100k-row rehearsal (tests/test_bench_scale.py: no Spark API of its own).
+# spark-submit (test_airflow_dag_run.py; test_airflow_dag.py starts no Spark). Not the multihost
+# runs (the cluster's Spark is the standalone test's) nor the benchmark harness's 100k-row
+# rehearsal (tests/test_bench_scale.py: no Spark API of its own).
 SPARK35_VENV ?= .venv-spark35
 SPARK35_PY := $(SPARK35_VENV)/bin/python
 SPARK35_STAMP := $(SPARK35_VENV)/.terascale-installed
@@ -56,10 +57,10 @@ test-spark35: $(STAMP) $(SPARK35_STAMP) $(AIRFLOW_STAMP)
 	$(MAKE) --no-print-directory dist SPARK=3.5
 	PYSPARK_PYTHON=$(abspath $(SPARK35_PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(SPARK35_PY)) \
 	TERASCALE_DIST=$(abspath dist/spark3.5) TERASCALE_REFERENCE_PYTHON=$(abspath $(PY)) \
-		$(SPARK35_PY) -m pytest -q -m "(spark or cluster) and not multihost" \
+		$(SPARK35_PY) -m pytest -q --durations=15 -m "(spark or cluster) and not multihost" \
 		--deselect tests/test_bench_scale.py tests; rc=$$?; \
 	TERASCALE_PYTHON=$(abspath $(SPARK35_PY)) TERASCALE_DIST=$(abspath dist/spark3.5) \
-		$(AIRFLOW_VENV)/bin/python -m pytest -q $(AIRFLOW_TESTS) || rc=1; exit $$rc
+		$(AIRFLOW_VENV)/bin/python -m pytest -q tests/test_airflow_dag_run.py || rc=1; exit $$rc
 
 test-cluster: $(STAMP) dist
 	TERASCALE_DIST=$(abspath dist) $(PY) -m pytest -q -m cluster tests

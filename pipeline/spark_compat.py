@@ -22,10 +22,10 @@ What differs between the lines:
   turns the missing module into an error that says what to install.
 - **Arrow schemas** of Spark types: pyspark 4's ``to_arrow_schema`` needs a time zone for
   timestamps, 3.5's takes none (:func:`arrow_schema`).
-- **Parquet encodings**: Spark 3.5 (parquet-mr 1.13) cannot read INT32 columns encoded
-  ``BYTE_STREAM_SPLIT``, which Spark 4 reads: :func:`parquet_encoding` picks the featurized
-  indices' encoding for the session's Spark, :func:`check_readable` names a dataset Spark 3.5
-  cannot read before Spark fails on it.
+- **Parquet encodings**: Spark reads INT32 columns encoded ``BYTE_STREAM_SPLIT`` only from
+  :data:`BSS_SINCE` (3.5, 4.0 and 4.1 fail with "Unsupported encoding": checked 2026-11-28):
+  :func:`parquet_encoding` picks the featurized indices' encoding for the session's Spark,
+  :func:`check_readable` names a dataset an older Spark cannot read before Spark fails on it.
 """
 
 from __future__ import annotations
@@ -113,6 +113,8 @@ def check_session(spark) -> tuple[int, int]:
 
 #: featurize.parquet_encoding values
 PARQUET_ENCODINGS = ("auto", "plain", "byte_stream_split")
+#: the first Spark line known to read INT32 BYTE_STREAM_SPLIT (4.3.0 does; 3.5.9, 4.0.5, 4.1.4 do not)
+BSS_SINCE = (4, 3)
 
 
 def has_arrow_udf() -> bool:
@@ -173,20 +175,21 @@ def require_pandas(what: str) -> None:
 
 def parquet_encoding(setting: str, spark_version: str) -> str:
     """The encoding of a featurized dataset's indices: ``setting`` unless ``auto``, which is
-    ``byte_stream_split`` where the session's Spark reads it (4.0 and later: the write twice as
-    fast, docs/pages/explanation/design-notes.md) and ``plain`` on Spark 3.5."""
+    ``byte_stream_split`` where the session's Spark reads it (:data:`BSS_SINCE` and later: the
+    write twice as fast, docs/pages/explanation/design-notes.md) and ``plain`` before."""
     if setting not in PARQUET_ENCODINGS:
         raise ValueError(f"parquet encoding {setting!r} is not one of {PARQUET_ENCODINGS}")
     if setting != "auto":
         return setting
-    return "byte_stream_split" if parse_version(spark_version) >= (4, 0) else "plain"
+    return "byte_stream_split" if parse_version(spark_version) >= BSS_SINCE else "plain"
 
 
 def check_readable(encoding: str | None, spark_version: str, where: str) -> None:
     """A clear error where Spark ``spark_version`` is about to read a dataset (``where``) whose
     indices are encoded ``encoding`` (its manifest's ``parquet_encoding``; None: written before
     it was recorded, byte_stream_split) and cannot."""
-    if (encoding or "byte_stream_split") == "byte_stream_split" and parse_version(spark_version) < (4, 0):
+    if (encoding or "byte_stream_split") == "byte_stream_split" and parse_version(spark_version) < BSS_SINCE:
         raise SparkVersionError(
             f"Spark {spark_version} cannot read {where}: its indices are encoded BYTE_STREAM_SPLIT, which Spark "
-            f"reads from 4.0; featurize it again on this Spark (featurize.parquet_encoding auto or plain)")
+            f"reads from {BSS_SINCE[0]}.{BSS_SINCE[1]}; featurize it again on this Spark (featurize.parquet_encoding "
+            f"auto or plain)")

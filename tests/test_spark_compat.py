@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from terascale.pipeline.spark_compat import (
+    BSS_SINCE,
     SparkVersionError,
     check_java,
     check_readable,
@@ -115,15 +116,15 @@ def test_cli_names_a_java_too_old_for_spark4(tmp_path):
 
 
 def test_the_parquet_encoding_follows_the_sessions_spark():
-    assert parquet_encoding("auto", "3.5.9") == "plain"
-    assert parquet_encoding("auto", "4.0.0") == parquet_encoding("auto", "4.3.0") == "byte_stream_split"
+    assert parquet_encoding("auto", "3.5.9") == parquet_encoding("auto", "4.0.5") == parquet_encoding("auto", "4.1.4") == "plain"
+    assert parquet_encoding("auto", "4.3.0") == parquet_encoding("auto", "4.9.0") == "byte_stream_split"
     assert parquet_encoding("plain", "4.3.0") == "plain"
     assert parquet_encoding("byte_stream_split", "3.5.9") == "byte_stream_split"  # asked for: written as asked
-    check_readable("byte_stream_split", "4.0.0", "d")
+    check_readable("byte_stream_split", "4.3.0", "d")
     check_readable("plain", "3.5.9", "d")
     check_readable("spark", "3.5.9", "d")
     with pytest.raises(SparkVersionError, match=r"Spark 3\.5\.9 cannot read the dataset d: its indices are encoded "
-                                                r"BYTE_STREAM_SPLIT, which Spark reads from 4\.0"):
+                                                r"BYTE_STREAM_SPLIT, which Spark reads from 4\.3"):
         check_readable(None, "3.5.9", "the dataset d")  # a manifest from before the option: byte_stream_split
 
 
@@ -168,8 +169,8 @@ def test_featurize_writes_the_encoding_it_records_and_spark_reads_what_auto_pick
 
 @pytest.mark.spark
 def test_transform_of_a_dataset_this_spark_cannot_read_is_named(spark, tmp_path):
-    """Spark 3.5: a dataset featurized with byte_stream_split (on Spark 4) is refused by name before
-    Spark fails on it; Spark 4 scores it."""
+    """Before BSS_SINCE: a dataset featurized with byte_stream_split (on a newer Spark) is refused
+    by name before Spark fails on it; from BSS_SINCE Spark scores it."""
     import json
 
     from terascale.jobs.config import CRITEO_FIELDS, load_config
@@ -187,7 +188,7 @@ def test_transform_of_a_dataset_this_spark_cannot_read_is_named(spark, tmp_path)
     model = TerascaleModel(np.zeros(1 << 12, np.float32), 0.0,
                            {"spec": json.loads(json.dumps(spec.to_json())), "config": {"train": {"loss": "logistic"}}})
     df = spark.read.parquet(str(tmp_path / "ds"))
-    if parse_version(spark.version) < (4, 0):
+    if parse_version(spark.version) < BSS_SINCE:
         with pytest.raises(SparkVersionError, match="cannot read the dataset .*BYTE_STREAM_SPLIT"):
             model.transform(df)
     else:
