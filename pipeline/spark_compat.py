@@ -23,7 +23,7 @@ What differs between the lines:
 - **Arrow schemas** of Spark types: pyspark 4's ``to_arrow_schema`` needs a time zone for
   timestamps, 3.5's takes none (:func:`arrow_schema`).
 - **Parquet encodings**: Spark reads INT32 columns encoded ``BYTE_STREAM_SPLIT`` only from
-  :data:`BSS_SINCE` (3.5, 4.0 and 4.1 fail with "Unsupported encoding": checked 2026-11-28):
+  :data:`BSS_SINCE` (3.5, 4.0, 4.1 and 4.2 fail with "Unsupported encoding": checked 2026-11-28):
   :func:`parquet_encoding` picks the featurized indices' encoding for the session's Spark,
   :func:`check_readable` names a dataset an older Spark cannot read before Spark fails on it.
 """
@@ -113,7 +113,7 @@ def check_session(spark) -> tuple[int, int]:
 
 #: featurize.parquet_encoding values
 PARQUET_ENCODINGS = ("auto", "plain", "byte_stream_split")
-#: the first Spark line known to read INT32 BYTE_STREAM_SPLIT (4.3.0 does; 3.5.9, 4.0.5, 4.1.4 do not)
+#: the first Spark line that reads INT32 BYTE_STREAM_SPLIT (4.3.0 does; 3.5.9, 4.0.5, 4.1.4, 4.2.1 do not)
 BSS_SINCE = (4, 3)
 
 

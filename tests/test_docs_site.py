@@ -248,7 +248,7 @@ def test_every_command_of_the_tutorial_prints_what_the_page_shows(spark, tmp_pat
     monkeypatch.chdir(work)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "LC_ALL": "C"}
     volatile = _VOLATILE
-    if parquet_encoding("auto", spark.version) != "byte_stream_split":  # the page's byte counts are Spark 4.3's
+    if parquet_encoding("auto", spark.version) != "byte_stream_split":  # the page's byte counts are byte_stream_split's (Spark >= 4.3)
         volatile = [*_VOLATILE, (re.compile(r"(bytes written +)[\d,]+"), r"\1<bytes>")]
     failures = []
     for command, expected in steps:

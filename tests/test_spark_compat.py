@@ -117,6 +117,7 @@ def test_cli_names_a_java_too_old_for_spark4(tmp_path):
 
 def test_the_parquet_encoding_follows_the_sessions_spark():
     assert parquet_encoding("auto", "3.5.9") == parquet_encoding("auto", "4.0.5") == parquet_encoding("auto", "4.1.4") == "plain"
+    assert parquet_encoding("auto", "4.2.1") == "plain"
     assert parquet_encoding("auto", "4.3.0") == parquet_encoding("auto", "4.9.0") == "byte_stream_split"
     assert parquet_encoding("plain", "4.3.0") == "plain"
     assert parquet_encoding("byte_stream_split", "3.5.9") == "byte_stream_split"  # asked for: written as asked
