@@ -208,26 +208,18 @@ def _quantile_fields(spec: FeatureSpec) -> list:
 
 def summary_points(x: np.ndarray, k: int = QUANTILE_POINTS) -> tuple[list[float], int]:
     """``k`` evenly spaced order statistics of the finite values ``x`` and their count."""
-    x = np.sort(x[np.isfinite(x)])
-    if x.shape[0] == 0:
-        return [], 0
-    pos = np.round(np.linspace(0, x.shape[0] - 1, min(k, x.shape[0]))).astype(np.int64)
-    return x[pos].tolist(), int(x.shape[0])
+    pts, n = time_split.order_statistics(x[np.isfinite(x)], k)
+    return pts.tolist(), n
 
 
 def boundaries_from(summaries: list[tuple[list[float], int]], buckets: int) -> list[float]:
     """The ``buckets - 1`` inner quantiles of the union of the tasks' summaries (each point
     weighted by its task's count / points), distinct and ascending."""
-    pts = [(np.asarray(p, np.float64), n / len(p)) for p, n in summaries if n]
-    if not pts:
+    q = time_split.weighted_quantiles(summaries, np.arange(1, buckets) / buckets, np.float64)
+    if q is None:
         return [0.0]
-    vals = np.concatenate([p for p, _ in pts])
-    wts = np.concatenate([np.full(p.shape[0], w) for p, w in pts])
-    order = np.argsort(vals, kind="mergesort")
-    vals, cum = vals[order], np.cumsum(wts[order])
-    qs = np.arange(1, buckets) / buckets * cum[-1]
-    b = np.unique(vals[np.minimum(np.searchsorted(cum, qs, side="left"), vals.shape[0] - 1)])
-    return b.tolist() or [float(vals[0])]
+    b = np.unique(q)
+    return b.tolist() or [float(min(min(p) for p, n in summaries if n))]
 
 
 def _learn_file_quantiles(sc, spec: FeatureSpec, cols: Columns, read: ReadOptions, plan) -> FeatureSpec:

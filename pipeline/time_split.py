@@ -64,28 +64,42 @@ def time_values(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 def task_points(times: np.ndarray, k: int = TASK_POINTS) -> tuple[list[int], int]:
     """``k`` evenly spaced order statistics (ranks 0 .. n-1) of one task's times, and n."""
-    n = int(times.shape[0])
+    pts, n = order_statistics(times, k)
+    return [int(v) for v in pts], n
+
+
+def order_statistics(x: np.ndarray, k: int) -> tuple[np.ndarray, int]:
+    """``k`` evenly spaced order statistics of ``x`` (all of them when fewer) and its length: a
+    summary :func:`weighted_quantiles` merges with others."""
+    n = int(x.shape[0])
     if n == 0:
-        return [], 0
-    x = np.sort(times)
-    pos = np.round(np.linspace(0, n - 1, min(k, n))).astype(np.int64)
-    return [int(v) for v in x[pos]], n
+        return x[:0], 0
+    x = np.sort(x)
+    return x[np.round(np.linspace(0, n - 1, min(k, n))).astype(np.int64)], n
 
 
-def merge_points(summaries: list[tuple[list[int], int]], points: int = POINTS) -> list[int]:
-    """The ``points + 1`` quantiles (q = i / points) of the union of the tasks' rows, from their
-    order statistics (each point stands for its task's n / len(points) rows)."""
-    pts = [(np.asarray(p, np.int64), n / len(p)) for p, n in summaries if n]
+def weighted_quantiles(summaries, fractions: np.ndarray, dtype=np.int64) -> np.ndarray | None:
+    """The values at ``fractions`` (in [0, 1]) of the union of several summaries' rows, each
+    summary's points standing for its n / len(points) rows; None when there are none."""
+    pts = [(np.asarray(p, dtype), n / len(p)) for p, n in summaries if n]
     if not pts:
-        return []
+        return None
     vals = np.concatenate([p for p, _ in pts])
     wts = np.concatenate([np.full(p.shape[0], w) for p, w in pts])
     order = np.argsort(vals, kind="mergesort")
     vals, cum = vals[order], np.cumsum(wts[order])
-    qs = np.arange(points + 1) / points * cum[-1]
-    at = np.minimum(np.searchsorted(cum, qs, side="left"), vals.shape[0] - 1)
-    out = vals[at]
-    out[0], out[-1] = vals[0], vals[-1]  # the extremes exactly
+    at = np.minimum(np.searchsorted(cum, np.asarray(fractions) * cum[-1], side="left"), vals.shape[0] - 1)
+    return vals[at]
+
+
+def merge_points(summaries: list[tuple[list[int], int]], points: int = POINTS) -> list[int]:
+    """The ``points + 1`` quantiles (q = i / points) of the union of the tasks' rows, from their
+    order statistics, the extremes exact."""
+    out = weighted_quantiles(summaries, np.arange(points + 1) / points)
+    if out is None:
+        return []
+    out[0] = min(min(p) for p, n in summaries if n)
+    out[-1] = max(max(p) for p, n in summaries if n)
     return [int(v) for v in out]
 
 
