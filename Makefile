@@ -36,13 +36,20 @@ test: $(STAMP) $(AIRFLOW_STAMP) dist
 	$(MAKE) --no-print-directory test-airflow || rc=1; exit $$rc
 
 # Spark lines (docs/pages/how-to/spark-versions.md): `make test` runs on the newest pyspark that
-# pyproject.toml allows (.venv); test-spark35 runs every Spark-using test again in .venv-spark35
-# with the newest pyspark 3.5.x: the spark and cluster markers (local mode, local-cluster, the
-# standalone cluster with a Spark 3.5 master and workers on dist/spark3.5), tests/test_spark_lines.py
-# (the same pipeline on both lines, bit for bit, .venv as the reference) and the Airflow DAG's
-# spark-submit (test_airflow_dag_run.py; test_airflow_dag.py starts no Spark). Not the multihost
-# runs (the cluster's Spark is the standalone test's) nor the benchmark harness's 100k-row
-# rehearsal (tests/test_bench_scale.py: no Spark API of its own).
+# pyproject.toml allows (.venv); test-spark35 runs, in .venv-spark35 with the newest pyspark 3.5.x,
+# the Spark-using tests of the modules that call a Spark API whose behaviour differs between the
+# lines (SPARK35_TESTS, their spark and cluster markers): tests/test_spark_lines.py (the whole
+# pipeline on both lines, bit for bit, .venv as the reference), the adapter, the PySpark API,
+# featurize of files and tables (mapInArrow, Arrow schemas, the commit), the barrier stage in
+# local mode and local-cluster, and the Airflow DAG's spark-submit on dist/spark3.5. The jobs'
+# other tests (train options, MLflow, recalibration, ...) use no further Spark API, and the
+# standalone cluster (3 min) and speculation drills (status tracker and speculation settings, as
+# on 4.x) cost more than they add here: they run in `make test` only, which keeps .ci/run within
+# its time.
+SPARK35_TESTS ?= tests/test_spark_lines.py tests/test_spark_compat.py tests/test_ml_api.py \
+	tests/test_ml_featurize.py tests/test_featurize_table.py tests/test_featurize_spark.py \
+	tests/test_spark_settle.py tests/test_table_serving.py tests/test_time_split.py \
+	tests/test_barrier_spark.py
 SPARK35_VENV ?= .venv-spark35
 SPARK35_PY := $(SPARK35_VENV)/bin/python
 SPARK35_STAMP := $(SPARK35_VENV)/.terascale-installed
@@ -57,8 +64,7 @@ test-spark35: $(STAMP) $(SPARK35_STAMP) $(AIRFLOW_STAMP)
 	$(MAKE) --no-print-directory dist SPARK=3.5
 	PYSPARK_PYTHON=$(abspath $(SPARK35_PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(SPARK35_PY)) \
 	TERASCALE_DIST=$(abspath dist/spark3.5) TERASCALE_REFERENCE_PYTHON=$(abspath $(PY)) \
-		$(SPARK35_PY) -m pytest -q --durations=15 -m "(spark or cluster) and not multihost" \
-		--deselect tests/test_bench_scale.py tests; rc=$$?; \
+		$(SPARK35_PY) -m pytest -q --durations=15 -m "spark or cluster" $(SPARK35_TESTS); rc=$$?; \
 	TERASCALE_PYTHON=$(abspath $(SPARK35_PY)) TERASCALE_DIST=$(abspath dist/spark3.5) \
 		$(AIRFLOW_VENV)/bin/python -m pytest -q tests/test_airflow_dag_run.py || rc=1; exit $$rc
 
