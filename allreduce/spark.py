@@ -21,7 +21,21 @@ the driver, launches one barrier stage of K + S tasks and hands every task a
   refuses before any task starts. The slot check (:func:`preflight`) counts tasks of the
   stage's cpus: ``workers + spares`` tasks must fit at once.
 
-Addresses (``allreduce.endpoints``): the tree server binds ``allreduce.host`` ('' = the
+Spark Connect (a session from ``SparkSession.builder.remote``: no SparkContext, no RDD, and a
+client that is not the driver, which the executors may not reach): the stage runs through the
+DataFrame API, ``spark.range(0, n, 1, n).mapInArrow(..., barrier=True)`` (one row per task, its
+value the task's index; results pickled in a binary column), and the tree server runs inside task
+0: it binds its executor's address (every interface when ``allreduce.host`` is a wildcard),
+tells the others its address through the barrier's ``allGather``, works as worker 0 beside it and
+keeps serving until every task has passed a final ``barrier()``. Spares, survivors, retries
+(the client is the driver attempt loop: a new key and a new server per attempt) and what the
+task function does are the same. Settings come from ``spark.conf``; the slot check counts
+``local[N]``'s N, or ``spark.executor.instances`` × ``spark.executor.cores``, in tasks of the
+stage's cpus (a server that tells neither: Spark's own barrier check decides); a task resource
+profile needs Spark 4.0 (``mapInArrow``'s ``profile``). No progress display (``on_attempt``):
+the server is not in the client's process.
+
+Addresses (``allreduce.endpoints``): in a classic session the tree server binds ``allreduce.host`` ('' = the
 driver's ``spark.driver.host``) and the tasks dial ``allreduce.advertise_host`` ('' = the bound
 address; with a wildcard bind, ``spark.driver.host``). A rank's listener binds its executor's
 address as Spark knows it (the task's ``BarrierTaskContext`` address), or every interface when
@@ -178,10 +192,36 @@ def local_cores(master: str) -> int | None:
     return (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1))
 
 
-def task_slots(spark, profile=None) -> int:
+def is_connect(spark) -> bool:
+    """True for a Spark Connect session (module docstring)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _conf(spark, key: str, default: str | None = None) -> str | None:
+    if is_connect(spark):
+        value = spark.conf.get(key, None)
+        return default if value is None else value
+    return spark.sparkContext.getConf().get(key, default)
+
+
+def _master(spark) -> str:
+    return (_conf(spark, "spark.master", "") or "") if is_connect(spark) else spark.sparkContext.master
+
+
+def task_slots(spark, profile=None) -> int | None:
     """Concurrent task slots of the executors registered now for tasks of ``profile`` (a
     pyspark ResourceProfile; None: the session's default, i.e. executor cores / spark.task.cpus,
-    summed), what Spark's barrier check uses; falls back to defaultParallelism / cpus."""
+    summed), what Spark's barrier check uses; falls back to defaultParallelism / cpus. On Spark
+    Connect, from the settings (module docstring); None when they do not tell."""
+    if is_connect(spark):
+        cpus = _profile_cpus(profile) or int(_conf(spark, "spark.task.cpus", "1"))
+        cores = local_cores(_master(spark))
+        if cores is None:
+            executors, per = _conf(spark, "spark.executor.instances"), _conf(spark, "spark.executor.cores")
+            if not (executors and per):
+                return None
+            return int(executors) * (int(per) // max(cpus, 1))
+        return cores // max(cpus, 1)
     sc = spark.sparkContext
     try:
         jsc = sc._jsc.sc()
@@ -202,12 +242,10 @@ def barrier_profile(spark, task_cpus: int):
     cpus: None (the session's default profile) when ``spark.task.cpus`` already gives that (in
     local mode: at least that), else a task resource profile (module docstring). Raises
     BarrierError in local mode when the session's tasks get fewer cpus."""
-    sc = spark.sparkContext
-    conf = sc.getConf()
-    cpus = int(conf.get("spark.task.cpus", "1"))
+    cpus = int(_conf(spark, "spark.task.cpus", "1"))
     if cpus == task_cpus:
         return None
-    if is_local(sc.master):
+    if is_local(_master(spark)):
         if cpus > task_cpus:
             return None
         raise BarrierError(
@@ -219,7 +257,9 @@ def barrier_profile(spark, task_cpus: int):
     from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
 
     req = TaskResourceRequests().cpus(task_cpus)
-    for key, amount in conf.getAll():  # keep the tasks' other resources (a GPU)
+    pairs = (spark.sparkContext.getConf().getAll() if not is_connect(spark)
+             else [(k, v) for k in ("spark.task.resource.gpu.amount",) if (v := _conf(spark, k))])
+    for key, amount in pairs:  # keep the tasks' other resources (a GPU)
         m = re.fullmatch(r"spark\.task\.resource\.([^.]+)\.amount", key)
         if m:
             req = req.resource(m.group(1), float(amount))
@@ -233,20 +273,18 @@ def preflight(spark, slots_needed: int, what: str, wait_s: float = 0.0, poll_s: 
 
     On a cluster, executors register a while after the session starts (containers launch,
     archives unpack): wait up to ``wait_s`` for enough slots before giving up."""
-    sc = spark.sparkContext
-    conf = sc.getConf()
-    if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":
+    if (_conf(spark, "spark.dynamicAllocation.enabled", "false") or "false").lower() == "true":
         raise BarrierError(
             "barrier stages need a fixed set of executors: set spark.dynamicAllocation.enabled=false"
         )
     # local[N]: the slots exist from the start; local-cluster and real clusters register later
-    fixed = is_local(sc.master)
+    fixed = is_local(_master(spark)) or is_connect(spark)  # Connect: the settings, which do not change
     deadline = time.monotonic() + (0.0 if fixed else wait_s)
     next_log = 0.0
-    while (slots := task_slots(spark, profile)) < slots_needed:
+    while (slots := task_slots(spark, profile)) is not None and slots < slots_needed:
         now = time.monotonic()
         if now >= deadline:
-            cpus = _profile_cpus(profile) or int(conf.get("spark.task.cpus", "1"))
+            cpus = _profile_cpus(profile) or int(_conf(spark, "spark.task.cpus", "1"))
             per_task = (f"executor cores / {cpus} cpus per task (train.threads)" if profile is not None
                         else f"executor cores / spark.task.cpus={cpus}")
             raise BarrierError(
@@ -340,12 +378,18 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
     names one of the exception class names in ``no_retry`` (errors a new attempt would only
     repeat, e.g. invalid input) fails the job at once.
     ``on_attempt(server, attempt)`` is called when an attempt's tree server is up (e.g. to
-    show its pass-1 progress). ``server_host`` overrides ``net.host`` (module docstring).
+    show its pass-1 progress; a classic session only: under Spark Connect the server runs in task 0). ``server_host`` overrides ``net.host`` (module docstring).
     """
-    sc = spark.sparkContext
-    host, advertise = server_addresses(sc.getConf(), server_host or net.host, net.advertise_host)
+    connect = is_connect(spark)
     attempts: list[dict] = []
     profile = barrier_profile(spark, task_cpus)
+    if connect and profile is not None:
+        import inspect
+
+        if "profile" not in inspect.signature(spark.range(0).mapInArrow).parameters:
+            raise BarrierError(f"train.threads = {task_cpus}: each barrier task needs a task resource profile of "
+                               f"{task_cpus} cpus, which a Spark Connect client passes to mapInArrow from pyspark 4.0; "
+                               "with this pyspark, set train.threads to the server's spark.task.cpus")
     for attempt in range(max_attempts):
         # every attempt: executors may still be registering, or replacing a lost one
         preflight(spark, num_shards + spares, f"{num_shards} workers + {spares} spares"
@@ -353,38 +397,35 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
                   profile=profile)
         key = new_key()
         t0 = time.perf_counter()
-        with TreeServer(num_shards, key, host=host, handshake_timeout_s=net.handshake_timeout_s,
-                        io_timeout_s=net.io_timeout_s, startup_timeout_s=net.startup_timeout_s,
-                        max_frame_bytes=net.max_frame_bytes, max_unauthenticated=net.max_unauthenticated,
-                        max_unauthenticated_per_source=net.max_unauthenticated_per_source,
-                        cipher=net.cipher, advertise_host=advertise, port_range=net.port_range) as server:
-            address = server.address
-            bound = "{}:{}".format(*server.bound_address)
-            if on_attempt is not None:
-                on_attempt(server, attempt)
-            log.info("%s: attempt %d of %d, tree server on %s:%d, %d workers + %d spares", job_name,
-                     attempt + 1, max_attempts, address[0], address[1], num_shards, spares)
-
-            def fn(p, _it, k=num_shards, a=attempt, s=address, key=key, n=net, f=task_fn):
-                yield _run_task(p, k, a, s, key, n, f)
-
-            sc.setJobDescription(f"{job_name}: attempt {attempt + 1}")
-            try:
-                rdd = sc.parallelize(range(num_shards + spares), num_shards + spares)
-                if profile is not None:
-                    rdd = rdd.withResources(profile)
-                tasks = rdd.barrier().mapPartitionsWithIndex(fn).collect()
-            except Exception as e:  # noqa: BLE001 - a failed barrier stage: log why, then retry
-                why = summarize_error(e)
-                attempts.append({"attempt": attempt, "seconds": time.perf_counter() - t0, "outcome": "failed", "error": why,
+        bound = None
+        try:
+            if connect:
+                tasks = _connect_stage(spark, num_shards, spares, attempt, key, net, task_fn, profile)
+                bound = next((t["tree_server"] for t in tasks if t.get("tree_server")), None)
+            else:
+                host, advertise = server_addresses(spark.sparkContext.getConf(), server_host or net.host,
+                                                   net.advertise_host)
+                with TreeServer(num_shards, key, host=host, handshake_timeout_s=net.handshake_timeout_s,
+                                io_timeout_s=net.io_timeout_s, startup_timeout_s=net.startup_timeout_s,
+                                max_frame_bytes=net.max_frame_bytes, max_unauthenticated=net.max_unauthenticated,
+                                max_unauthenticated_per_source=net.max_unauthenticated_per_source,
+                                cipher=net.cipher, advertise_host=advertise, port_range=net.port_range) as server:
+                    bound = "{}:{}".format(*server.bound_address)
+                    if on_attempt is not None:
+                        on_attempt(server, attempt)
+                    log.info("%s: attempt %d of %d, tree server on %s:%d, %d workers + %d spares", job_name,
+                             attempt + 1, max_attempts, *server.address, num_shards, spares)
+                    tasks = _classic_stage(spark, num_shards, spares, attempt, server.address, key, net, task_fn,
+                                           profile, f"{job_name}: attempt {attempt + 1}")
+        except Exception as e:  # noqa: BLE001 - a failed barrier stage: log why, then retry
+            why = summarize_error(e)
+            attempts.append({"attempt": attempt, "seconds": time.perf_counter() - t0, "outcome": "failed", "error": why,
                              "tree_server": bound})
-                log.warning("%s: attempt %d failed: %s", job_name, attempt + 1, why)
-                if any(name in why for name in no_retry):
-                    raise BarrierError(f"{job_name}: {why} (attempt {attempt + 1}, not retried: "
-                                       "a new attempt would fail the same way)", attempts) from None
-                continue
-            finally:
-                sc.setJobDescription(None)
+            log.warning("%s: attempt %d failed: %s", job_name, attempt + 1, why)
+            if any(name in why for name in no_retry):
+                raise BarrierError(f"{job_name}: {why} (attempt {attempt + 1}, not retried: "
+                                   "a new attempt would fail the same way)", attempts) from None
+            continue
         survivors = sorted((t for t in tasks if t["outcome"] == "survivor"), key=lambda t: t["shard"])
         if [t["shard"] for t in survivors] != list(range(num_shards)):
             outcomes = ", ".join(f"task {t['task']} {t['outcome']}" + (f" on shard {t['shard']}" if t.get("shard") is not None else "")
@@ -398,11 +439,81 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
             if t["outcome"] != "survivor":
                 log.info("%s: task %d (%s) %s%s", job_name, t["task"], t["role"], t["outcome"].replace("_", " "),
                          f" on shard {t['shard']}" if t.get("shard") is not None else "")
-        log.info("%s: attempt %d succeeded in %.1f s; survivors: %s", job_name, attempt + 1,
-                 time.perf_counter() - t0, ", ".join(f"{t['shard']}={t['attempt_id']}" for t in survivors))
+        log.info("%s: attempt %d succeeded in %.1f s%s; survivors: %s", job_name, attempt + 1,
+                 time.perf_counter() - t0, f" (tree server in task 0 on {bound})" if connect else "",
+                 ", ".join(f"{t['shard']}={t['attempt_id']}" for t in survivors))
         attempts.append({"attempt": attempt, "seconds": time.perf_counter() - t0, "outcome": "succeeded",
                          "tree_server": bound})
         return BarrierResult([t["result"] for t in survivors], tasks, attempts)
     raise BarrierError(
         f"{job_name}: all {max_attempts} attempts failed; last error: {attempts[-1]['error']}", attempts
     )
+
+
+def _classic_stage(spark, num_shards: int, spares: int, attempt: int, address: tuple[str, int], key: bytes,
+                   net: NetConf, task_fn: TaskFn, profile, description: str) -> list[dict]:
+    """One attempt's barrier stage on a classic session (an RDD), the tree server on the driver."""
+    sc = spark.sparkContext
+
+    def fn(p, _it, k=num_shards, a=attempt, s=address, key=key, n=net, f=task_fn):
+        yield _run_task(p, k, a, s, key, n, f)
+
+    sc.setJobDescription(description)
+    try:
+        rdd = sc.parallelize(range(num_shards + spares), num_shards + spares)
+        if profile is not None:
+            rdd = rdd.withResources(profile)
+        return rdd.barrier().mapPartitionsWithIndex(fn).collect()
+    finally:
+        sc.setJobDescription(None)
+
+
+def _connect_stage(spark, num_shards: int, spares: int, attempt: int, key: bytes, net: NetConf, task_fn: TaskFn,
+                   profile) -> list[dict]:
+    """One attempt's barrier stage through the DataFrame API (Spark Connect), the tree server in
+    task 0 (module docstring)."""
+    n = num_shards + spares
+
+    def fn(batches, k=num_shards, a=attempt, key=key, net=net, f=task_fn):
+        import pickle
+
+        import pyarrow as pa
+
+        for b in batches:
+            for p in b.column(0).to_pylist():
+                out = pickle.dumps(_served_task(p, k, a, key, net, f), protocol=pickle.HIGHEST_PROTOCOL)
+                yield pa.RecordBatch.from_arrays([pa.array([out], pa.binary())], names=["task"])
+
+    kwargs = {"barrier": True, **({"profile": profile} if profile is not None else {})}
+    rows = spark.range(0, n, 1, n).mapInArrow(fn, "task binary", **kwargs).collect()
+    import pickle
+
+    return sorted((pickle.loads(r["task"]) for r in rows), key=lambda t: t["task"])
+
+
+def _served_task(p: int, k: int, attempt: int, key: bytes, net: NetConf, task_fn: TaskFn) -> dict:
+    """Task ``p`` of a Connect stage: task 0 starts the tree server and every task learns its
+    address through ``allGather``; all pass a final ``barrier()`` before task 0 stops serving."""
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    server = None
+    try:
+        if p == 0:
+            host = _task_host()
+            bind = net.host if endpoints.is_wildcard(net.host) else host
+            server = TreeServer(k, key, host=bind, handshake_timeout_s=net.handshake_timeout_s,
+                                io_timeout_s=net.io_timeout_s, startup_timeout_s=net.startup_timeout_s,
+                                max_frame_bytes=net.max_frame_bytes, max_unauthenticated=net.max_unauthenticated,
+                                max_unauthenticated_per_source=net.max_unauthenticated_per_source,
+                                cipher=net.cipher, advertise_host=host, port_range=net.port_range).__enter__()
+        told = ctx.allGather("{}:{}".format(*server.address) if server is not None else "")[0]
+        h, port = told.rsplit(":", 1)
+        result = _run_task(p, k, attempt, (h, int(port)), key, net, task_fn)
+        ctx.barrier()  # task 0's server serves until every task is done with it
+        if server is not None:
+            result["tree_server"] = "{}:{}".format(*server.bound_address)
+        return result
+    finally:
+        if server is not None:
+            server.__exit__(None, None, None)

@@ -77,13 +77,18 @@ def _add_conf_args(p: argparse.ArgumentParser, example: str = "featurize.bits=22
                    help=f"override one parameter, e.g. --set {example} (repeatable)")
 
 
+def _add_remote_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--remote", metavar="URL", help="run on this Spark Connect server (sc://host:port), as "
+                   "--set spark.remote=URL (default: the SPARK_REMOTE environment variable, if set)")
+
+
 def _say(msg: str) -> None:
     """A line on stdout, paths' credentials redacted (``pipeline.redact``)."""
     print(redact_text(msg))
 
 
 def _resolve(args) -> object:
-    cfg = load_config(args.conf, args.sets)
+    cfg = load_config(args.conf, args.sets + ([f"spark.remote={args.remote}"] if getattr(args, "remote", None) else []))
     section = getattr(cfg, args.command, None)
     if getattr(args, "overwrite", False) and hasattr(section, "overwrite"):
         import dataclasses
@@ -231,7 +236,7 @@ def cmd_score(args) -> int:
         if key != "predict.calibration":
             raise UsageError(f"--set {key}: terascale score takes only predict.calibration; the feature spec "
                              "and everything else come from the model")
-    cfg = load_config(args.conf, args.sets)
+    cfg = load_config(args.conf, args.sets + ([f"spark.remote={args.remote}"] if getattr(args, "remote", None) else []))
     scorer = Scorer.from_model_dir(args.model, cfg.predict.calibration, labeled=not args.no_label)
     stdin, out = sys.stdin.buffer, sys.stdout
     chunk_bytes = args.chunk_mb << 20
@@ -295,7 +300,7 @@ def cmd_config(args) -> int:
     if args.defaults:
         sys.stdout.write(render_yaml())
         return 0
-    cfg = load_config(args.conf, args.sets)
+    cfg = load_config(args.conf, args.sets + ([f"spark.remote={args.remote}"] if getattr(args, "remote", None) else []))
     sys.stdout.write(render_yaml(cfg, with_help=False))
     return 0
 
@@ -419,6 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--output", required=True, metavar="DIR", help="dataset directory (new, empty, or a dataset with --overwrite)")
     _add_overwrite_arg(f, "a dataset", "featurize.overwrite")
     _add_conf_args(f)
+    _add_remote_arg(f)
     f.set_defaults(fn=cmd_featurize)
 
     t = sub.add_parser("train", help="train a model on a featurized dataset (Spark barrier stage)")
@@ -428,6 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--init-model-if-exists", metavar="PATH",
                    help="warm-start from this model directory or pointer if it exists; train from scratch if not (the first day)")
     _add_conf_args(t)
+    _add_remote_arg(t)
     t.set_defaults(fn=cmd_train)
 
     e = sub.add_parser("evaluate", help="logloss, auROC, auPRC, normalized entropy, calibration")
@@ -436,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", metavar="FILE", help="also write the metrics as JSON")
     _add_overwrite_arg(e, "the metrics file of --out", None)
     _add_conf_args(e)
+    _add_remote_arg(e)
     e.set_defaults(fn=cmd_evaluate)
 
     pr = sub.add_parser("predict", help="score a featurized dataset into Parquet")
@@ -444,6 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--output", required=True, metavar="DIR", help="predictions directory (new, empty, or predictions with --overwrite)")
     _add_overwrite_arg(pr, "predictions", "predict.overwrite")
     _add_conf_args(pr)
+    _add_remote_arg(pr)
     pr.set_defaults(fn=cmd_predict)
 
     sc = sub.add_parser("score", help="score raw TSV/LibSVM lines from stdin, one score per line on stdout (no Spark)")
@@ -515,8 +524,10 @@ def main(argv: list[str] | None = None) -> int:
         from terascale.pipeline.fsutil import InputError
 
         log.debug("failure", exc_info=True)
+        from terascale.pipeline.spark_errors import lost_server
+
         kind = "input error" if isinstance(e, InputError) else "failed"
-        print(redact_text(f"terascale {args.command}: {kind}: {e}"), file=sys.stderr)
+        print(redact_text(f"terascale {args.command}: {kind}: {lost_server(e) or e}"), file=sys.stderr)
         return EXIT_FAILED
     log.info("%s finished in %.1f s", args.command, time.perf_counter() - t0)
     return rc

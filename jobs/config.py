@@ -353,6 +353,12 @@ class SparkConf:
     app_name: str = param("terascale", "Spark application name", Pattern())
     log_level: str = param("WARN", "Spark log level", OneOf(("ERROR", "WARN", "INFO", "DEBUG")))
     conf: tuple = param({}, "extra Spark settings {key: value} applied when the session is created")
+    remote: str = param("", "Spark Connect URL (sc://host:port[/;param=value...]): run the job on that Spark Connect "
+                        "server instead of starting Spark; '' = the SPARK_REMOTE environment variable, if set "
+                        "(spark.master is then the server's; spark.conf keys go to the server as session settings)",
+                        Pattern(nonempty=False))
+    remote_retry_s: float = param(120.0, "Spark Connect: how long the client retries a server it cannot reach "
+                                  "(pyspark's backoff, 50 ms growing 4x to 60 s) before the job fails", Interval(1, 86400))
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ from terascale.jobs.ml_data import (
 )
 from terascale.jobs.ml_params import SchemaParams
 from terascale.jobs.train_job import run_train
-from terascale.pipeline import fsutil, modeldir, spark_compat
+from terascale.pipeline import fsutil, modeldir, spark_compat, spark_tasks
 from terascale.pipeline.manifest import read_manifest
 from terascale.pipeline.redact import redact, redact_text
 from terascale.pipeline.sampling import score_transform
@@ -107,7 +107,7 @@ class TerascaleClassifier(Estimator, SchemaParams, _OutputParams, DefaultParamsR
         d = self.getOrDefault(self.tempDir)
         if d:
             return d
-        if not spark.sparkContext.master.startswith("local"):
+        if not spark_tasks.master(spark).startswith("local"):
             raise ValueError("tempDir is not set: on a cluster fit needs a directory every executor can reach "
                              "(e.g. hdfs:///tmp/terascale) for its temporary dataset and model; set tempDir")
         return tempfile.gettempdir()
@@ -193,6 +193,13 @@ def _score_udf(bc, n_features: int, logistic: bool):
     return spark_compat.arrow_scalar_udf(score, "double")
 
 
+class _Carried:
+    """A broadcast's ``.value`` without the broadcast (Spark Connect: ``TerascaleModel._broadcast``)."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+
 class TerascaleModel(Model, _OutputParams, MLReadable, MLWritable):
     """A trained terascale model: weights (float32, 2^bits), intercept and the training metadata."""
 
@@ -223,9 +230,15 @@ class TerascaleModel(Model, _OutputParams, MLReadable, MLWritable):
                     model._set(**{name: v})
         return model
 
-    def _broadcast(self, sc):
+    def _broadcast(self, spark):
+        """(weights, intercept, slope, shift) for the scoring UDF, as ``.value``: a broadcast on a
+        classic session (sent once per executor); on Spark Connect, which has no broadcast, the
+        values themselves, carried in the UDF's closure (sent with every task)."""
+        slope, shift = score_transform(self.metadata, "population")
+        if spark_tasks.is_connect(spark):
+            return _Carried((self.weights, self.intercept, slope, shift))
+        sc = spark.sparkContext
         if self._bc is None or self._bc[0] is not sc:
-            slope, shift = score_transform(self.metadata, "population")
             self._bc = (sc, sc.broadcast((self.weights, self.intercept, slope, shift)))
         return self._bc[1]
 
@@ -244,7 +257,7 @@ class TerascaleModel(Model, _OutputParams, MLReadable, MLWritable):
             if diff:
                 raise modeldir.ModelError(f"the model and the DataFrame's dataset {src[0]} were featurized "
                                           f"differently ({', '.join(diff)}); re-featurize with the model's spec")
-        udf = _score_udf(self._broadcast(dataset.sparkSession.sparkContext), 1 << int(self.spec["bits"]),
+        udf = _score_udf(self._broadcast(dataset.sparkSession), 1 << int(self.spec["bits"]),
                          loss_spec(self.loss).link == "sigmoid")
         values = F.col("values") if "values" in dataset.columns else F.lit(None).cast("array<float>")
         prob = self.getOrDefault(self.probabilityCol)

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from terascale.jobs.config import ConfigError, feature_spec, load_config
-from terascale.pipeline import fsutil
+from terascale.pipeline import fsutil, spark_tasks
 from terascale.pipeline.manifest import MANIFEST, DatasetError, build_manifest, read_manifest
 from terascale.pipeline.modeldir import ModelError, same_spec
 from terascale.pipeline.spec import FeatureSpec
@@ -146,8 +146,7 @@ def write_dataset(spark, df, out: str, spec: dict, label_col: str, weight_col: s
                F.col("indices").cast("array<int>").alias("indices"), values.cast("array<float>").alias("values"))
        .write.mode("overwrite").option("compression", compression).parquet(out))
     parts = sorted(p for p in fsutil.list_files(out) if p.rsplit("/", 1)[-1].startswith("part-"))
-    sc = spark.sparkContext
-    stats = sc.parallelize(parts, max(1, len(parts))).map(file_stats).collect() if parts else []
+    stats = spark_tasks.run_tasks(spark, parts, lambda _, it: map(file_stats, it), "terascale: the written files' counts")
     files = [s for s in stats if s["rows"] > 0]
     inputs = [_local(f) for f in df.inputFiles()]
     manifest = build_manifest(FeatureSpec.from_json(spec), inputs, files, [], [], None, time.perf_counter() - t0,

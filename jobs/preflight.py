@@ -117,6 +117,13 @@ def estimate(t, n_features: int, shard: ShardSize, active: int, workers: int, ch
                     categories=acc.categories(), phase_totals=acc.phase_totals())
 
 
+#: the Spark settings :func:`available` and the train job read (what a Spark Connect client asks
+#: the server for: it cannot list them all)
+CONF_KEYS = ("spark.executor.cores", "spark.executor.pyspark.memory", "spark.executor.memoryOverhead",
+             "spark.executor.memory", "spark.executor.memoryOverheadFactor", "spark.driver.memory",
+             "spark.local.dir", "spark.task.cpus")
+
+
 def available(conf: dict[str, str], master: str, ranks: int, rank_memory_mb: int = 0,
               machine_bytes: int | None = None) -> tuple[int | None, str]:
     """(bytes one rank may use, where that came from) from the Spark settings ``conf``

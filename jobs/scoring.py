@@ -4,10 +4,13 @@ Each task reads its row groups with pyarrow into CSR and scores them with the ve
 predictor (``solvers.predict``); the model's weights are loaded once per Python worker. evaluate
 merges small metric states on the driver; a task that meets a bad file reports it as a result (no
 Spark retry) and the driver raises its ``DataFileError``; predict writes Parquet into attempt-private files of a
-hidden staging sibling of the output (``.NAME.tmp-RUN``, its marker
-``_terascale_predictions.json`` written first); the driver moves the accepted files into place
-there, writes ``_manifest.json`` and swaps the whole directory in
-(``pipeline.artifacts.replace_dir``), so it never deletes a file of the output one by one.
+hidden sibling of the output (``.NAME.attempts-RUN``); the driver moves the accepted files into
+the staging sibling (``.NAME.tmp-RUN``, its marker ``_terascale_predictions.json`` written
+first), retires the attempts' directory (``pipeline.artifacts.retire_attempts``: no attempt
+still running can write into the output, on a Spark Connect session too, where no status tracker
+tells when they end), writes ``_manifest.json`` and swaps the whole directory in
+(``pipeline.artifacts.replace_dir``), so it never deletes a file of the output one by one. Both
+run on a classic session and on Spark Connect alike (``pipeline.spark_tasks``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from terascale.pipeline import artifacts, fsutil, modeldir
+from terascale.pipeline import artifacts, fsutil, modeldir, spark_tasks
 from terascale.pipeline.dataset import ShardPart, plan_shards, read_csr
 from terascale.pipeline.manifest import MANIFEST, read_manifest
 from terascale.pipeline.pointer import resolve_model
@@ -32,7 +35,6 @@ from terascale.pipeline.sampling import (
     model_recalibration,
     score_transform,
 )
-from terascale.pipeline.spark_settle import collect_settled
 from terascale.pipeline.verify import catching, raise_bad_files, read_row_groups
 from terascale.solvers.catalogue import loss_spec
 from terascale.solvers.regpath import effective_l2, effective_penalty
@@ -86,7 +88,7 @@ def _check(data_dir: str, model_dir: str) -> tuple[dict, dict]:
 
 
 def _groups(spark, data_dir: str, manifest: dict) -> list[list[ShardPart]]:
-    n = max(1, min(spark.sparkContext.defaultParallelism * 2, sum(1 for _ in manifest["files"]) * 64))
+    n = max(1, min(spark_tasks.parallelism(spark) * 2, sum(1 for _ in manifest["files"]) * 64))
     return [g for g in plan_shards(data_dir, n, manifest) if g]
 
 
@@ -127,12 +129,8 @@ def evaluate(spark, data_dir: str, model_dir: str) -> dict:
                     raw = float(np.dot(sigmoid(margins), csr.weights.astype(np.float64)))
             yield acc.to_state(), terms, raw
 
-    sc = spark.sparkContext
-    sc.setJobDescription(redact_text(f"terascale evaluate: {data_dir}"))
-    try:
-        states = raise_bad_files(sc.parallelize(groups, len(groups)).mapPartitionsWithIndex(catching(task)).collect())
-    finally:
-        sc.setJobDescription(None)
+    states = raise_bad_files(spark_tasks.run_tasks(spark, groups, catching(task),
+                                                   redact_text(f"terascale evaluate: {data_dir}")))
     total = BinaryMetrics()
     loss_sum = weight_sum = raw_sum = 0.0
     for s, (ls, ws), raw in states:
@@ -208,7 +206,7 @@ def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, 
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     root = artifacts.staging_path(out, run_id)
     artifacts.write_marker(root, artifacts.PREDICTIONS, run_id, model=model, dataset=fsutil.normalize(data_dir))
-    staging = fsutil.join(root, "_temporary")
+    staging = artifacts.open_attempts(out, run_id)
 
     def task(i, items):
         from pyspark import TaskContext
@@ -222,19 +220,17 @@ def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, 
                 kept = pa.concat_tables([_kept(p, keep) for p in parts]) if parts else None
                 for c in keep:
                     cols[c] = kept.column(c)
-            path = fsutil.join(staging, f"part-{tag}.parquet")
+            path = fsutil.join(staging, f"part-{tag}.parquet")  # into the open attempts' directory only
             fs, inner = fsutil.resolve(path)
-            fs.create_dir(inner.rsplit("/", 1)[0], recursive=True)
             pq.write_table(pa.table(cols), inner, filesystem=fs)
             yield {"task": i, "path": path, "rows": csr.n_rows}
 
-    sc = spark.sparkContext
-    try:  # every attempt has ended when it returns: no loser writes into the staging area later
-        results = raise_bad_files(collect_settled(
-            sc, sc.parallelize(groups, len(groups)).mapPartitionsWithIndex(catching(task)),
-            redact_text(f"terascale predict: {data_dir} -> {out}")))
+    try:  # classic: every attempt has ended when it returns; Connect: retire_attempts fences them
+        results = raise_bad_files(spark_tasks.run_tasks(
+            spark, groups, catching(task), redact_text(f"terascale predict: {data_dir} -> {out}"), settle=True))
     except Exception:
         fsutil.delete(root)
+        artifacts.retire_attempts(out, run_id)
         raise
     try:
         files = []
@@ -242,7 +238,7 @@ def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, 
             name = f"part-{r['task']:05d}.parquet"
             fsutil.move(r["path"], fsutil.join(root, name))
             files.append({"path": name, "rows": r["rows"]})
-        fsutil.delete(staging)  # rejected and speculative attempts
+        artifacts.retire_attempts(out, run_id)  # rejected and speculative attempts
         manifest = {"kind": "predictions", "column": col, "calibration": calibration, "kept": list(keep), "model": model,
                     "dataset": fsutil.normalize(data_dir), "rows": sum(f["rows"] for f in files), "files": files,
                     "seconds": time.perf_counter() - t0}
@@ -251,6 +247,7 @@ def predict(spark, data_dir: str, model_dir: str, output: str, keep: tuple[str, 
         artifacts.replace_dir(root, out, run_id)
     except Exception:
         fsutil.delete(root)
+        artifacts.retire_attempts(out, run_id)
         raise
     return manifest
 

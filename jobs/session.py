@@ -21,6 +21,11 @@ event logs and configuration dumps hide the same keys terascale's own logs and f
 default misses e.g. ``fs.azure.account.key.*``, which ``spark.logConf`` would print at INFO). The
 real values still reach Spark, but never on the command line of the JVM terascale launches
 (``_launch_jvm_without_secrets``).
+
+Spark Connect: with ``spark.remote`` (or ``SPARK_REMOTE``) set, and not under ``spark-submit``,
+the job is a Connect client of that server (:func:`connect_session`): it starts no JVM, the
+master and the server's settings are the server's, and every job runs through the DataFrame API
+(``pipeline.spark_tasks``, ``allreduce.spark``).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import os
 import sys
 
 from terascale.allreduce.spark import is_local
-from terascale.pipeline.redact import shown, spark_redaction_settings
+from terascale.pipeline.redact import redact_text, shown, spark_redaction_settings
 
 log = logging.getLogger("terascale")
 
@@ -55,6 +60,9 @@ def get_spark(sconf, task_cpus: int = 1):
     from terascale.pipeline import spark_compat
 
     line = spark_compat.check_pyspark()  # before any JVM or job starts
+    remote = remote_url(sconf)
+    if remote and not launched_by_spark_submit():
+        return connect_session(sconf, remote)
     if launched_by_spark_submit():
         b = SparkSession.builder.appName(sconf.app_name)
         for k, v in _executor_defaults().items():
@@ -76,6 +84,31 @@ def get_spark(sconf, task_cpus: int = 1):
     spark_compat.check_session(spark)
     spark.sparkContext.setLogLevel(sconf.log_level)
     log.info("spark: master=%s parallelism=%d", spark.sparkContext.master, spark.sparkContext.defaultParallelism)
+    return spark
+
+
+def remote_url(sconf) -> str:
+    """The Spark Connect URL a job runs on: ``spark.remote``, else ``SPARK_REMOTE``, else ''."""
+    return sconf.remote or os.environ.get("SPARK_REMOTE", "")
+
+
+def connect_session(sconf, remote: str):
+    """A Spark Connect session on the server at ``remote`` (``sc://host:port``), with the
+    config's ``spark.conf`` as its session settings; its client gives up on a server it cannot
+    reach after ``spark.remote_retry_s``. No JVM starts here; the URL is logged with
+    its parameters' secrets redacted (a ``;token=``)."""
+    from terascale.pipeline import spark_compat
+
+    spark_compat.require_connect(remote)
+    from pyspark.sql import SparkSession
+
+    b = SparkSession.builder.remote(remote).appName(sconf.app_name)
+    for k, v in dict(sconf.conf).items():
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark_compat.limit_connect_retries(spark, sconf.remote_retry_s)
+    spark_compat.check_session(spark)
+    log.info("spark: Spark Connect %s (Spark %s)", redact_text(remote), spark.version)
     return spark
 
 

@@ -28,7 +28,7 @@ from terascale.jobs.memory_accounting import CSR_TERM
 from terascale.jobs.progress import ProgressMonitor
 from terascale.jobs.run_checkpoints import RunCheckpoints
 from terascale.jobs.train_task import Inject, TaskSpec, run_train_task
-from terascale.pipeline import artifacts, fsutil, modeldir, shard_cache, time_split
+from terascale.pipeline import artifacts, fsutil, modeldir, shard_cache, spark_tasks, time_split
 from terascale.pipeline.dataset import plan_shards
 from terascale.pipeline.manifest import MANIFEST, DatasetError, read_manifest
 from terascale.pipeline.pointer import resolve_model, served_by
@@ -90,12 +90,13 @@ def check_local_slots(cfg: Config) -> None:
     """Before a local session starts (terascale's own, not spark-submit's): refuse a run whose
     ``train.workers`` + ``train.spares`` barrier tasks of ``train.threads`` cpus each do not fit
     the master's cores (``local[N]``: N // threads task slots). The barrier stage checks the
-    slots again on the real session (``allreduce.spark.preflight``)."""
-    from terascale.jobs.session import launched_by_spark_submit
+    slots again on the real session (``allreduce.spark.preflight``). Not for a Spark Connect
+    session, whose master is the server's."""
+    from terascale.jobs.session import launched_by_spark_submit, remote_url
 
     t = cfg.train
     cores = local_cores(cfg.spark.master)
-    if cores is None or launched_by_spark_submit():
+    if cores is None or launched_by_spark_submit() or remote_url(cfg.spark):
         return
     cpus = max(t.threads, int(dict(cfg.spark.conf).get("spark.task.cpus", 1)))
     if cores // cpus < t.workers + t.spares:
@@ -138,10 +139,10 @@ def _memory_preflight(spark, cfg: Config, manifest: dict, shards, bits: int, war
                                   cfg.allreduce.chunk_bytes, warm_start, cache_budget)
 
     est = rank_estimate()
-    sc = spark.sparkContext
-    available = preflight.available(dict(sc.getConf().getAll()), sc.master, t.workers + t.spares, t.rank_memory_mb)
+    conf = spark_tasks.all_conf(spark, preflight.CONF_KEYS)
+    available = preflight.available(conf, spark_tasks.master(spark), t.workers + t.spares, t.rank_memory_mb)
     est.available, est.source = available
-    cache = _data_cache(t, est, sc.getConf().get("spark.local.dir", "") or "")
+    cache = _data_cache(t, est, conf.get("spark.local.dir", "") or "")
     if cache["mode"] == "disk":  # the shard streams: the estimate counts the blocks a pass holds
         est = rank_estimate(cache["budget_bytes"])
         est.available, est.source = available

@@ -231,6 +231,37 @@ def staging_path(target: str, run: str) -> str:
     return _sibling(target, "tmp", run)
 
 
+def attempts_path(target: str, run: str) -> str:
+    """Where a job's task attempts write, each into a directory of its own: ``.NAME.attempts-RUN``,
+    a sibling of ``target`` and of its staging directory, never inside either (:func:`retire_attempts`)."""
+    return _sibling(target, "attempts", run)
+
+
+def open_attempts(target: str, run: str) -> str:
+    """Create (empty) and return :func:`attempts_path`; the tasks create their own directories
+    in it without parents (``create_dir(..., recursive=False)``), so none can once it is retired."""
+    path = attempts_path(target, run)
+    fsutil.makedirs(path)
+    return path
+
+
+def retire_attempts(target: str, run: str) -> None:
+    """Fence off and delete the attempts' directory of ``run`` (the accepted attempts' files
+    already moved out of it): renamed first to ``.NAME.retired-RUN``, so that an attempt still
+    running (a beaten or speculative copy that no status tracker waited for: Spark Connect) can
+    neither create its directory nor reach the committed output, then deleted. A leftover (an
+    attempt that wrote into the retired directory meanwhile) is logged, not fatal."""
+    path = attempts_path(target, run)
+    if _type(path) == pafs.FileType.NotFound:
+        return
+    retired = _sibling(target, "retired", run)
+    try:
+        durable.rename(path, retired)
+        fsutil.delete(retired)
+    except Exception as e:  # noqa: BLE001 - the output is committed; what remains is garbage beside it
+        log.warning("%s: could not delete the task attempts' directory %s: %s", target, path, e)
+
+
 def aside_path(target: str, run: str) -> str:
     """Where a commit keeps the old output between its two renames: ``.NAME.old-RUN``."""
     return _sibling(target, "old", run)

@@ -164,7 +164,7 @@ class TaskOutput:
         self.timed = timed  # rows carry their time (TIMED_SCHEMA): add(..., times=...)
         self._times: list[tuple[list[int], int]] = []  # each batch's order statistics (not its rows)
         self.fs, inner = fsutil.resolve(attempt_dir)
-        self.fs.create_dir(inner, recursive=True)
+        self.fs.create_dir(inner, recursive=False)  # inside the driver's attempts directory, while it is open
         self.data_path = fsutil.join(attempt_dir, DATA_FILE)
         _, self._data_inner = fsutil.resolve(self.data_path)
         self.group_map = groups.new_map(bits)  # None above GROUPS_MAX_BITS

@@ -159,6 +159,50 @@ def map_in_arrow(df, fn, schema, what: str):
     return df.mapInArrow(fn, schema)
 
 
+def require_connect(remote: str) -> None:
+    """A Spark Connect client needs pyspark's ``connect`` extra (grpcio, grpcio-status,
+    googleapis-common-protos, zstandard from 4.0; pandas): named, with what to install, before any
+    connection is tried."""
+    import importlib.util
+
+    import pyspark
+
+    missing = [m for m in ("grpc", "grpc_status", "google.rpc", "pandas")
+               if importlib.util.find_spec(m.split(".")[0]) is None]
+    if parse_version(pyspark.__version__) >= (4, 0) and importlib.util.find_spec("zstandard") is None:
+        missing.append("zstandard")
+    if missing:
+        raise SparkVersionError(f"spark.remote / SPARK_REMOTE is set: a Spark Connect client needs {', '.join(missing)} "
+                                f"(pyspark's connect extra): pip install 'terascale[connect]'")
+
+
+#: pyspark's Connect client backoff (3.5 and 4.x): the first wait, its growth, its cap (ms)
+CONNECT_BACKOFF_MS = (50, 4.0, 60_000)
+
+
+def connect_retries(seconds: float) -> int:
+    """The number of retries whose backoff waits add up to at least ``seconds``."""
+    first, factor, cap = CONNECT_BACKOFF_MS
+    total, k = 0.0, 0
+    while total < seconds * 1000:
+        total += min(first * factor ** k, cap)
+        k += 1
+    return k
+
+
+def limit_connect_retries(spark, seconds: float) -> None:
+    """Make a Connect session's client give up on an unreachable server after about ``seconds``
+    (pyspark's default tolerates at least 10 minutes): its default policy with fewer retries."""
+    retries = connect_retries(seconds)
+    client = spark.client
+    if hasattr(client, "set_retry_policies"):  # pyspark 4
+        from pyspark.sql.connect.client.retries import DefaultPolicy
+
+        client.set_retry_policies([DefaultPolicy(max_retries=retries)])
+    else:  # pyspark 3.5: a dict of the one policy's settings
+        client._retry_policy["max_retries"] = retries
+
+
 def require_pandas(what: str) -> None:
     """On Spark before 4.0, where pyspark's Arrow paths check for pandas on the driver: pandas
     must import (see the module docstring)."""

@@ -3,26 +3,29 @@
 Spark schedules the tasks, retries them and runs speculative copies; it never carries the data.
 Each task reads its byte ranges itself (pyarrow filesystems), parses and hashes them in a
 compiled kernel, and writes one Parquet file and its group map into a directory private to its
-attempt, inside a hidden staging sibling of the output (``.NAME.tmp-RUN``). The executors merge
-the accepted attempts' group maps (elementwise minimum, ``pipeline.groups``). The driver then
-builds the whole new dataset in the staging directory (the accepted attempts' files, the merged
-group map, the manifest last) and swaps it in with ``pipeline.artifacts.replace_dir``: the old
-dataset stays whole until the new one is complete on disk. Before any Spark work the output is
+attempt, inside a hidden sibling of the output (``.NAME.attempts-RUN``, ``pipeline.artifacts``).
+The executors merge the accepted attempts' group maps (elementwise minimum, ``pipeline.groups``).
+The driver then builds the whole new dataset in its staging sibling (``.NAME.tmp-RUN``: the
+accepted attempts' files, the merged group map, the manifest last), retires the attempts'
+directory (``artifacts.retire_attempts``: no attempt still running can write into the output)
+and swaps the dataset in with ``pipeline.artifacts.replace_dir``: the old dataset stays whole
+until the new one is complete on disk. It runs on a classic session and on Spark Connect alike
+(``pipeline.spark_tasks``). Before any Spark work the output is
 checked (``pipeline.artifacts.check_target``): a missing path, an empty directory or, with
 ``featurize.overwrite``, an earlier dataset. A failed run leaves the old output untouched.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import math
 import time
 import uuid
 from dataclasses import asdict, replace
 
 import numpy as np
 
-from terascale.pipeline import artifacts, fsutil, groups, spark_compat, tokendict
+from terascale.pipeline import artifacts, fsutil, groups, spark_compat, spark_tasks, tokendict
 from terascale.pipeline.blocks import Piece, align_range
 from terascale.pipeline.featurize_task import (
     MalformedInput,
@@ -35,11 +38,9 @@ from terascale.pipeline.manifest import MANIFEST, QUARANTINE_DIR, build_manifest
 from terascale.pipeline.plan import assign, output_files, plan_ranges
 from terascale.pipeline.redact import redact_text
 from terascale.pipeline.spark_errors import spark_error_summary as task_error_summary
-from terascale.pipeline.spark_settle import collect_settled
 from terascale.pipeline.spec import FeatureSpec
 
 log = logging.getLogger("terascale.featurize")
-TEMP_DIR = "_temporary"
 OVERWRITE_FLAG = "--overwrite (or featurize.overwrite: true)"
 
 
@@ -82,15 +83,15 @@ def _attempt_tag() -> str:
     return f"a{ctx.attemptNumber()}-t{ctx.taskAttemptId()}"  # taskAttemptId is unique per SparkContext
 
 
-def _pieces(sc, ranges, files) -> dict:
+def _pieces(spark, ranges, files) -> dict:
     """Align the cut ranges to line starts (on the executors) and give each piece its first line."""
     sizes = {f.uri: f.size for f in files}
     cut = [r for r in ranges if r.cuts > 1]
     aligned = {}
     if cut:
-        sc.setJobDescription(f"terascale featurize: align {len(cut)} byte ranges")
         args = [(r.uri, r.start, r.end, sizes[r.uri]) for r in cut]
-        out = sc.parallelize(args, len(args)).map(lambda a: align_range(*a)).collect()
+        out = spark_tasks.run_tasks(spark, args, lambda _, it: (align_range(*a) for a in it),
+                                    f"terascale featurize: align {len(cut)} byte ranges")
         aligned = {(r.uri, r.cut_index): a for r, a in zip(cut, out, strict=True)}
     pieces = {}
     line_base: dict[str, int] = {}
@@ -135,15 +136,14 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
     """Featurize ``inputs`` into ``output``; return the manifest. Raises FeaturizeError."""
     t0 = time.perf_counter()
     check_output(inputs, output, fconf.overwrite)
-    sc = spark.sparkContext
     files = fsutil.expand_inputs(inputs)
     out = fsutil.normalize(output)
-    n_tasks = output_files(files, spec.format, fconf.partitions, fconf.target_file_mb, sc.defaultParallelism)
+    n_tasks = output_files(files, spec.format, fconf.partitions, fconf.target_file_mb, spark_tasks.parallelism(spark))
     ranges = plan_ranges(files, n_tasks)
     log.info("featurize: %d input files, %d bytes, %d ranges -> %d tasks", len(files),
              sum(f.size for f in files), len(ranges), n_tasks)
     check_not_empty([{"path": f.uri, "bytes": f.size} for f in files], fconf.allow_empty)  # before any Spark job
-    pieces = _pieces(sc, ranges, files)
+    pieces = _pieces(spark, ranges, files)
     plan = [[pieces[(r.uri, r.cut_index)] for r in task] for task in assign(ranges, n_tasks)]
     plan = [[p for p in task if p.gzip or p.end > p.start] for task in plan]  # drop empty aligned pieces
     opts = TaskOptions(
@@ -156,7 +156,7 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
     )
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     root = artifacts.staging_path(out, run_id)  # the new dataset, complete before it replaces the old
-    staging = fsutil.join(root, TEMP_DIR)  # the task attempts' private directories
+    staging = artifacts.open_attempts(out, run_id)  # the task attempts' private directories
     payload = [(i, [p.to_json() for p in task]) for i, task in enumerate(plan)]
 
     fail_task = fconf.inject_fail_task
@@ -172,55 +172,62 @@ def run_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec, fcon
                 time.sleep(slow_s)  # chaos drill: a straggler whose output is complete
             yield result
 
-    results = collect_tasks(sc, root, sc.parallelize(payload, len(payload)).mapPartitionsWithIndex(task_fn),
-                            f"terascale featurize: {len(files)} files -> {out}")
+    results = collect_tasks(spark, out, run_id, payload, task_fn, f"terascale featurize: {len(files)} files -> {out}")
     times = task_times(results)  # the bench reads the record's task_times
     log.info("featurize: %s", format_task_times(times), extra={"task_times": times})
     try:
         check_not_empty(merge_inputs(results, [f.uri for f in files]), fconf.allow_empty)
     except EmptyInputError:
-        fsutil.delete(root)
+        discard(out, run_id)
         raise
     try:
-        group_map = _merge_groups(sc, spec, results)
+        group_map = _merge_groups(spark, spec, results)
     except Exception as e:  # noqa: BLE001 - as above
-        fsutil.delete(root)
+        discard(out, run_id)
         raise FeaturizeError(f"featurize failed merging the group maps: {task_error_summary(e)}") from e
-    finally:
-        sc.setJobDescription(None)
     try:
+        fsutil.makedirs(root)  # the new dataset's directory: the merged dictionary goes there first
         tokens = _merge_tokens(root, opts, results)
     except Exception as e:  # noqa: BLE001 - a failed merge leaves no dataset, like any other failure
-        fsutil.delete(root)
+        discard(out, run_id)
         raise FeaturizeError(f"featurize failed merging the token dictionaries: {e}") from e
     try:
         manifest = _commit(out, root, spec, [f.uri for f in files], results, time.perf_counter() - t0, asdict(opts),
                            group_map, tokens, overwrite=fconf.overwrite, run_id=run_id)
     except Exception:
-        fsutil.delete(root)
+        discard(out, run_id)
         raise
     return manifest
 
 
-def collect_tasks(sc, root: str, rdd, description: str) -> list[dict]:
-    """The featurize tasks' results, once every attempt has ended (no loser writes into the
-    staging area ``root`` later); on failure ``root`` is deleted and the error is a
-    FeaturizeError naming the malformed line or summarizing Spark's error."""
+def discard(out: str, run_id: str) -> None:
+    """A failed run's staging directory and task attempts, deleted (``out`` stays as it was)."""
+    fsutil.delete(artifacts.staging_path(out, run_id))
+    artifacts.retire_attempts(out, run_id)
+
+
+def collect_tasks(spark, out: str, run_id: str, items, task_fn, description: str) -> list[dict]:
+    """The featurize tasks' results (``items``: a list, one task per item, run by ``task_fn``
+    as ``spark_tasks.run_tasks`` runs it; or a DataFrame of the tasks' rows), on a classic session
+    once every attempt has ended; on failure the run's directories are deleted (:func:`discard`)
+    and the error is a FeaturizeError naming the malformed line or summarizing Spark's error."""
     try:
-        return collect_settled(sc, rdd, redact_text(description))
+        if task_fn is None:
+            return spark_tasks.collect(spark, items, redact_text(description), settle=True)
+        return spark_tasks.run_tasks(spark, items, task_fn, redact_text(description), settle=True)
     except Exception as e:  # noqa: BLE001 - Spark wraps task errors in Py4J/Spark exceptions
-        fsutil.delete(root)
+        discard(out, run_id)
         msg = _malformed_message(e)
         if msg is not None:
             raise FeaturizeError(msg) from None
         raise FeaturizeError(f"featurize failed: {task_error_summary(e)}") from e
 
 
-def _merge_groups(sc, spec: FeatureSpec, results: list[dict]) -> np.ndarray | None:
+def _merge_groups(spark, spec: FeatureSpec, results: list[dict]) -> np.ndarray | None:
     """The elementwise minimum of the tasks' group maps, computed on the executors.
 
-    Each partition reduces its share of the maps; a tree reduction deep enough that the driver
-    combines only a few partial maps (each is 2^bits bytes) brings back the one result.
+    Each of at most ``parallelism`` tasks reduces its share of the maps; the driver combines
+    their partial maps (each is 2^bits bytes).
     """
     if spec.bits > groups.GROUPS_MAX_BITS:
         return None
@@ -228,11 +235,18 @@ def _merge_groups(sc, spec: FeatureSpec, results: list[dict]) -> np.ndarray | No
     n_buckets = 1 << spec.bits
     if not paths:  # no task wrote a row
         return groups.new_map(spec.bits)
-    n = min(len(paths), max(1, sc.defaultParallelism))
-    depth = max(2, math.ceil(math.log(n, 4))) if n > 1 else 1
-    sc.setJobDescription(f"terascale featurize: merge {len(paths)} group maps")
-    return (sc.parallelize(paths, n).map(lambda p: groups.load_map(p, n_buckets))
-            .treeReduce(groups.merge_maps, depth))
+    n = min(len(paths), max(1, spark_tasks.parallelism(spark)))
+
+    def merge(_, it):
+        acc = None
+        for p in it:
+            m = groups.load_map(p, n_buckets)
+            acc = m if acc is None else groups.merge_maps(acc, m)
+        if acc is not None:
+            yield acc
+
+    return functools.reduce(groups.merge_maps, spark_tasks.run_tasks(
+        spark, paths, merge, f"terascale featurize: merge {len(paths)} group maps", n=n))
 
 
 def _merge_tokens(root: str, opts: TaskOptions, results: list[dict]) -> dict | None:
@@ -266,7 +280,7 @@ def _commit(out: str, root: str, spec: FeatureSpec, inputs: list[str], results: 
             fsutil.makedirs(fsutil.join(root, QUARANTINE_DIR))
             fsutil.move(r["quarantine_path"], fsutil.join(root, QUARANTINE_DIR, name))
             qfiles.append(f"{QUARANTINE_DIR}/{name}")
-    fsutil.delete(fsutil.join(root, TEMP_DIR))  # rejected and speculative attempts
+    artifacts.retire_attempts(out, run_id)  # rejected and speculative attempts
     group_entry, distinct = None, None
     if group_map is not None:
         groups.write_map(fsutil.join(root, groups.GROUPS_FILE), group_map)  # before the manifest

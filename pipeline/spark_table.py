@@ -12,8 +12,8 @@ Two ways in, one task and one commit:
   batches to the same task.
 
 Either way a task writes its Parquet file, quarantine and group map into a directory private to
-its attempt inside the staging sibling of the output, the driver waits until every attempt has
-ended (``pipeline.spark_settle``) and commits the accepted ones exactly as for text logs
+its attempt inside the attempts' sibling of the output, the driver (on a classic session) waits
+until every attempt has ended (``pipeline.spark_settle``) and commits the accepted ones exactly as for text logs
 (``pipeline.spark_featurize._commit``): the same manifest, row accounting per input file, atomic
 replacement. The schema is checked on the driver before any Spark job: a missing column, or a
 type its field cannot take, is an error naming both (exit code 2). Quantile boundaries are
@@ -31,13 +31,12 @@ from dataclasses import asdict, replace
 import numpy as np
 import pyarrow as pa
 
-from terascale.pipeline import artifacts, fsutil, spark_compat, time_split
+from terascale.pipeline import artifacts, fsutil, spark_compat, spark_tasks, time_split
 from terascale.pipeline.featurize_task import TaskOptions, format_task_times, task_times
 from terascale.pipeline.manifest import merge_inputs
 from terascale.pipeline.plan import plan_ranges
 from terascale.pipeline.spark_errors import spark_error_summary
 from terascale.pipeline.spark_featurize import (
-    TEMP_DIR,
     EmptyInputError,
     FeaturizeError,
     _attempt_tag,
@@ -46,6 +45,7 @@ from terascale.pipeline.spark_featurize import (
     _pieces,
     check_not_empty,
     collect_tasks,
+    discard,
 )
 from terascale.pipeline.spec import FeatureSpec
 from terascale.pipeline.table_fields import as_float64
@@ -112,32 +112,33 @@ def run_table_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec
     )
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     root = artifacts.staging_path(out, run_id)
-    staging = fsutil.join(root, TEMP_DIR)
-    if needs_spark_read(spec, table, where):
-        spec, results, sources = _spark_read(spark, inputs, table, where, spec, fconf, opts, staging, out)
-    else:
-        spec, results, sources = _file_read(spark, inputs, spec, fconf, opts, staging, out, root)
+    staging = artifacts.open_attempts(out, run_id)
+    try:
+        if needs_spark_read(spec, table, where):
+            spec, results, sources = _spark_read(spark, inputs, table, where, spec, fconf, opts, staging, out, run_id)
+        else:
+            spec, results, sources = _file_read(spark, inputs, spec, fconf, opts, staging, out, run_id)
+    except BaseException:
+        discard(out, run_id)
+        raise
     times = task_times(results)
     log.info("featurize: %s", format_task_times(times), extra={"task_times": times})
-    sc = spark.sparkContext
     try:
         check_not_empty(merge_inputs(results, sources), fconf.allow_empty)
-        group_map = _merge_groups(sc, spec, results)
+        group_map = _merge_groups(spark, spec, results)
     except EmptyInputError:
-        fsutil.delete(root)
+        discard(out, run_id)
         raise
     except Exception as e:  # noqa: BLE001 - Spark wraps task errors
-        fsutil.delete(root)
+        discard(out, run_id)
         raise FeaturizeError(f"featurize failed merging the group maps: {spark_error_summary(e)}") from e
-    finally:
-        sc.setJobDescription(None)
     options = {**asdict(opts), "input_format": fconf.input_format, "table": table, "where": where}
     extra = {"time": _time_entry(fconf.time_column, results)} if fconf.time_column else None
     try:
         return _commit(out, root, spec, sources, results, time.perf_counter() - t0, options, group_map, None,
                        overwrite=fconf.overwrite, run_id=run_id, extra=extra)
     except Exception:
-        fsutil.delete(root)
+        discard(out, run_id)
         raise
 
 
@@ -145,8 +146,8 @@ def run_table_featurize(spark, inputs: list[str], output: str, spec: FeatureSpec
 # Files read by the tasks
 
 
-def _file_read(spark, inputs, spec, fconf, opts, staging, out, root):
-    sc = spark.sparkContext
+def _file_read(spark, inputs, spec, fconf, opts, staging, out, run_id):
+    parallelism = spark_tasks.parallelism(spark)
     files = fsutil.expand_inputs(inputs)
     check_not_empty([{"path": f.uri, "bytes": f.size} for f in files], fconf.allow_empty)
     cols = Columns.of(spec, time_column=fconf.time_column)
@@ -160,13 +161,13 @@ def _file_read(spark, inputs, spec, fconf, opts, staging, out, root):
     else:
         for f in files:  # Parquet and ORC carry their schema: every file is checked
             check_schema(spec.table, file_schema(f.uri, read), _typed_columns(spec, cols), f.uri)
-    pieces = plan_pieces(files, fconf.input_format, max(sc.defaultParallelism, 1) * 4)
-    n_tasks = task_count(pieces, fconf.partitions, fconf.target_file_mb, sc.defaultParallelism)
+    pieces = plan_pieces(files, fconf.input_format, max(parallelism, 1) * 4)
+    n_tasks = task_count(pieces, fconf.partitions, fconf.target_file_mb, parallelism)
     if fconf.input_format == "json":  # line-aligned byte ranges, as for text logs: a task holds its range only
-        pieces = _json_ranges(sc, files, n_tasks)
+        pieces = _json_ranges(spark, files, n_tasks)
     plan = assign(pieces, n_tasks)
     log.info("featurize: %d %s files, %d pieces -> %d tasks", len(files), fconf.input_format, len(pieces), len(plan))
-    spec = _learn_file_quantiles(sc, spec, cols, read, plan)
+    spec = _learn_file_quantiles(spark, spec, cols, read, plan)
     payload = [(i, [p.to_json() for p in task]) for i, task in enumerate(plan)]
     fail_task, slow_task, slow_s = fconf.inject_fail_task, fconf.inject_slow_task, fconf.inject_slow_s
 
@@ -182,18 +183,18 @@ def _file_read(spark, inputs, spec, fconf, opts, staging, out, root):
                 time.sleep(slow_s)
             yield result
 
-    results = collect_tasks(sc, root, sc.parallelize(payload, len(payload)).mapPartitionsWithIndex(task_fn),
-                   f"terascale featurize: {len(files)} {fconf.input_format} files -> {out}")
+    results = collect_tasks(spark, out, run_id, payload, task_fn,
+                            f"terascale featurize: {len(files)} {fconf.input_format} files -> {out}")
     return spec, results, [f.uri for f in files]
 
 
-def _json_ranges(sc, files, n_tasks: int) -> list[TablePiece]:
+def _json_ranges(spark, files, n_tasks: int) -> list[TablePiece]:
     """JSON-lines files cut into about ``n_tasks`` byte ranges aligned to line starts, each with
     the number of its first line (``pipeline.plan``'s ranges, aligned on the executors as the
     text formats' are); a gzip'd file stays whole."""
     ranges = plan_ranges(files, n_tasks)
     out = []
-    for p in _pieces(sc, ranges, files).values():
+    for p in _pieces(spark, ranges, files).values():
         whole = p.gzip or p.end < 0
         out.append(TablePiece(p.uri, "json", 0 if whole else p.start, -1 if whole else p.end - p.start,
                               p.first_line, next(f.size for f in files if f.uri == p.uri) if whole else p.end - p.start))
@@ -222,7 +223,7 @@ def boundaries_from(summaries: list[tuple[list[float], int]], buckets: int) -> l
     return b.tolist() or [float(min(min(p) for p, n in summaries if n))]
 
 
-def _learn_file_quantiles(sc, spec: FeatureSpec, cols: Columns, read: ReadOptions, plan) -> FeatureSpec:
+def _learn_file_quantiles(spark, spec: FeatureSpec, cols: Columns, read: ReadOptions, plan) -> FeatureSpec:
     qf = _quantile_fields(spec)
     if not qf:
         return spec
@@ -231,7 +232,7 @@ def _learn_file_quantiles(sc, spec: FeatureSpec, cols: Columns, read: ReadOption
     rd = replace(read, columns=qcols)
     payload = [[p.to_json() for p in task] for task in plan]
 
-    def summarize(items):
+    def summarize(_, items):
         for pieces_json in items:
             got: dict[str, list] = {c: [] for c in qcols}
             for p in pieces_json:
@@ -242,9 +243,8 @@ def _learn_file_quantiles(sc, spec: FeatureSpec, cols: Columns, read: ReadOption
                                                      .to_numpy(zero_copy_only=False)))
             yield {c: summary_points(np.concatenate(v) if v else np.zeros(0)) for c, v in got.items()}
 
-    sc.setJobDescription(f"terascale featurize: quantiles of {', '.join(qcols)}")
     try:
-        parts = sc.parallelize(payload, len(payload)).mapPartitions(summarize).collect()
+        parts = spark_tasks.run_tasks(spark, payload, summarize, f"terascale featurize: quantiles of {', '.join(qcols)}")
     except Exception as e:  # noqa: BLE001
         raise FeaturizeError(f"featurize failed learning quantile boundaries: {spark_error_summary(e)}") from e
     learned = {f.name: boundaries_from([p[src[f.name]] for p in parts], f.quantiles) for f in qf}
@@ -290,10 +290,9 @@ def _projection(spec: FeatureSpec, time_column: str = ""):
     return cols
 
 
-def _spark_read(spark, inputs, table, where, spec, fconf, opts, staging, out):
-    from pyspark.sql.utils import AnalysisException
+def _spark_read(spark, inputs, table, where, spec, fconf, opts, staging, out, run_id):
+    from pyspark.errors import AnalysisException
 
-    sc = spark.sparkContext
     what = f"table {table}" if table else f"{fconf.input_format} input"
     try:
         df = _spark_frame(spark, inputs, table, where, fconf).select(*_projection(spec, fconf.time_column))
@@ -342,8 +341,7 @@ def _spark_read(spark, inputs, table, where, spec, fconf, opts, staging, out):
         yield pa.RecordBatch.from_pydict({"result": [json.dumps(result)]})
 
     mapped = spark_compat.map_in_arrow(df, task_fn, "result string", "featurize through Spark (a table, a filter, an expression)")
-    root = staging.rsplit("/", 1)[0]
-    rows = collect_tasks(sc, root, mapped.rdd, f"terascale featurize: {what} -> {out}")
+    rows = collect_tasks(spark, out, run_id, mapped, None, f"terascale featurize: {what} -> {out}")
     results = [json.loads(r["result"]) for r in rows]
     sources = sorted({u for r in results for u in r["inputs"]})
     return spec, results, sources

@@ -2,7 +2,11 @@
 interpreter imports; prints a JSON summary of everything it produced, as decoded values and
 hashes of bytes, for tests/test_spark_lines.py to compare between Spark lines:
 
-    python -m tests.spark_lines_app WORKDIR SUMMARY_JSON
+    python -m tests.spark_lines_app WORKDIR SUMMARY_JSON [SPARK_CONNECT_URL]
+
+With a Spark Connect URL every Spark job runs on that server (its master has 3 task slots, as
+``local[3]``) instead of a local session (tests/test_spark_connect.py): the Criteo-style jobs
+with only ``SPARK_REMOTE`` set, the ad-log table's with ``--remote``.
 
 Criteo TSV: featurize -> train (hybrid, 2 workers + 1 spare, shard 1 failing in pass 2 of the
 first attempt: the retry resumes from the checkpoint) -> evaluate -> predict -> score (stdin).
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-LOCAL = ["--set", "spark.master=local[3]", "--set", "spark.log_level=ERROR"]
+REMOTE = sys.argv[3] if __name__ == "__main__" and len(sys.argv) > 3 else ""
+LOCAL = [] if REMOTE else ["--set", "spark.master=local[3]", "--set", "spark.log_level=ERROR"]  # REMOTE: SPARK_REMOTE
 TRAIN = ["--set", "train.workers=2", "--set", "train.passes=8", "--set", "train.l2=1e-5",
          "--set", "train.checkpoint_interval_s=0"]
 
@@ -94,6 +100,9 @@ def main(work: Path) -> dict:
                             input=lines, capture_output=True, check=True, timeout=300)
     out["criteo score"] = _digest(scored.stdout)
 
+    if REMOTE:  # the ad-log table's jobs name the server on their command line instead
+        del os.environ["SPARK_REMOTE"]
+        LOCAL[:] = ["--remote", REMOTE]
     _cli("generate", "--kind", "adlog", "--rows", "20000", "--out", str(work / "adlog"), "--seed", "5")
     conf = work / "adlog.yaml"
     conf.write_text(ADLOG_SPEC_YAML.replace("bits: 20", "bits: 16"), encoding="utf-8")
@@ -111,5 +120,7 @@ def main(work: Path) -> dict:
 if __name__ == "__main__":
     import pyspark
 
+    if REMOTE:
+        os.environ["SPARK_REMOTE"] = REMOTE
     summary = main(Path(sys.argv[1]))
     Path(sys.argv[2]).write_text(json.dumps({"pyspark": pyspark.__version__, "summary": summary}, indent=1))
