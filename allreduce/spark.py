@@ -32,8 +32,9 @@ keeps serving until every task has passed a final ``barrier()``. Spares, survivo
 task function does are the same. Settings come from ``spark.conf``; the slot check counts
 ``local[N]``'s N, or ``spark.executor.instances`` × ``spark.executor.cores``, in tasks of the
 stage's cpus (a server that tells neither: Spark's own barrier check decides); a task resource
-profile needs Spark 4.0 (``mapInArrow``'s ``profile``). No progress display (``on_attempt``):
-the server is not in the client's process.
+profile needs Spark 4.0 (``mapInArrow``'s ``profile``). ``on_attempt`` is not called: the server
+is not in the client's process. ``is_connect`` and the settings' reads repeat
+``pipeline.spark_tasks``' few lines: neither package may import the other.
 
 Addresses (``allreduce.endpoints``): in a classic session the tree server binds ``allreduce.host`` ('' = the
 driver's ``spark.driver.host``) and the tasks dial ``allreduce.advertise_host`` ('' = the bound
@@ -405,11 +406,7 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
             else:
                 host, advertise = server_addresses(spark.sparkContext.getConf(), server_host or net.host,
                                                    net.advertise_host)
-                with TreeServer(num_shards, key, host=host, handshake_timeout_s=net.handshake_timeout_s,
-                                io_timeout_s=net.io_timeout_s, startup_timeout_s=net.startup_timeout_s,
-                                max_frame_bytes=net.max_frame_bytes, max_unauthenticated=net.max_unauthenticated,
-                                max_unauthenticated_per_source=net.max_unauthenticated_per_source,
-                                cipher=net.cipher, advertise_host=advertise, port_range=net.port_range) as server:
+                with _tree_server(num_shards, key, net, host, advertise) as server:
                     bound = "{}:{}".format(*server.bound_address)
                     if on_attempt is not None:
                         on_attempt(server, attempt)
@@ -448,6 +445,16 @@ def run_barrier(spark, num_shards: int, spares: int, task_fn: TaskFn, *, net: Ne
     raise BarrierError(
         f"{job_name}: all {max_attempts} attempts failed; last error: {attempts[-1]['error']}", attempts
     )
+
+
+def _tree_server(num_shards: int, key: bytes, net: NetConf, host: str, advertise: str) -> TreeServer:
+    """An attempt's tree server (not started: a context manager) bound to ``host``, advertising
+    ``advertise``, with ``net``'s limits, timeouts, cipher and ports."""
+    return TreeServer(num_shards, key, host=host, handshake_timeout_s=net.handshake_timeout_s,
+                      io_timeout_s=net.io_timeout_s, startup_timeout_s=net.startup_timeout_s,
+                      max_frame_bytes=net.max_frame_bytes, max_unauthenticated=net.max_unauthenticated,
+                      max_unauthenticated_per_source=net.max_unauthenticated_per_source,
+                      cipher=net.cipher, advertise_host=advertise, port_range=net.port_range)
 
 
 def _classic_stage(spark, num_shards: int, spares: int, attempt: int, address: tuple[str, int], key: bytes,
@@ -502,11 +509,7 @@ def _served_task(p: int, k: int, attempt: int, key: bytes, net: NetConf, task_fn
         if p == 0:
             host = _task_host()
             bind = net.host if endpoints.is_wildcard(net.host) else host
-            server = TreeServer(k, key, host=bind, handshake_timeout_s=net.handshake_timeout_s,
-                                io_timeout_s=net.io_timeout_s, startup_timeout_s=net.startup_timeout_s,
-                                max_frame_bytes=net.max_frame_bytes, max_unauthenticated=net.max_unauthenticated,
-                                max_unauthenticated_per_source=net.max_unauthenticated_per_source,
-                                cipher=net.cipher, advertise_host=host, port_range=net.port_range).__enter__()
+            server = _tree_server(k, key, net, bind, host).__enter__()
         told = ctx.allGather("{}:{}".format(*server.address) if server is not None else "")[0]
         h, port = told.rsplit(":", 1)
         result = _run_task(p, k, attempt, (h, int(port)), key, net, task_fn)
