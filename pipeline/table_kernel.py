@@ -156,72 +156,126 @@ def _rank_sort(bi, m, key, srt):
         srt[rank] = ki & 63
 
 
+TILE_ROWS = 1024  # rows assembled together: their entries (about 12 bytes each) stay in the cache
+
+
 @njit(cache=True)
-def _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, cap, out_ptr, out_idx, out_val, out_multi,
-              groups, use_groups):
+def _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, out_ptr, out_idx, out_val, out_multi, seen):
     """The good rows, compacted: row r takes part p's next cnt[p, r] token ids from ``ids``
     (part p's from ``istart[p]``), each the hashed index ``tables[tstart[p] + id]``, and its
     values from ``vals`` at ``vstart[p]`` (1 when that is -1), in part order. The entries are
     sorted by index (stable: equal indices keep token order) and merged (values summed in
-    float64 in token order, then float32). A merged entry's group is its smallest part number
-    (at most 254); ``groups`` is lowered to it. Returns the non-zeros written."""
+    float64 in token order, then float32). ``seen[tstart[p] + id]`` is set for every token of a
+    good row. Returns the non-zeros written.
+
+    Rows go in tiles of TILE_ROWS: part by part, each tile's entries are gathered into a buffer
+    as large as the largest tile's entries (one part's token table is read at a time, and the
+    buffer stays in the cache; row by row, 30 parts' tables competed for it), then each row of
+    the tile is sorted and merged."""
     n_parts, n = cnt.shape
-    cur = istart.copy()
-    vcur = vstart.copy()
-    bi = np.empty(max(cap, RANK_SORT_MAX), np.int64)
-    bv = np.empty(cap, np.float32)
-    bg = np.empty(cap, np.uint8)
-    key = np.empty(max(cap, RANK_SORT_MAX) + 8, np.int64)
-    srt = np.empty(max(cap, RANK_SORT_MAX), np.int64)
+    t_cap = 0
+    for a in range(0, n, TILE_ROWS):
+        s = 0
+        for r in range(a, min(a + TILE_ROWS, n)):
+            if row_ok[r]:
+                for p in range(n_parts):
+                    s += cnt[p, r]
+        t_cap = max(t_cap, s)
+    bi = np.empty(max(t_cap, RANK_SORT_MAX), np.int64)  # a row's entries: at most its tile's
+    key = np.empty(max(t_cap, RANK_SORT_MAX) + 8, np.int64)
+    srt = np.empty(max(t_cap, RANK_SORT_MAX), np.int64)
+    tile_idx = np.empty(max(t_cap, 1), np.int64)
+    tile_val = np.empty(max(t_cap, 1), np.float32)
+    start = np.empty(TILE_ROWS + 1, np.int64)
+    cur = np.empty(TILE_ROWS, np.int64)
+    ci = istart.copy()
+    cv = vstart.copy()
     w = 0
     k = 0
-    for r in range(n):
-        m = 0
-        for p in range(n_parts):
-            c = cnt[p, r]
+    for a in range(0, n, TILE_ROWS):
+        b = min(a + TILE_ROWS, n)
+        start[0] = 0
+        for r in range(a, b):
+            c = 0
             if row_ok[r]:
-                base = cur[p]
-                for j in range(c):
-                    bi[m] = tables[tstart[p] + ids[base + j]]
-                    bv[m] = vals[vcur[p] + j] if vstart[p] >= 0 else np.float32(1.0)
-                    bg[m] = min(p, 254)
-                    m += 1
-            cur[p] += c
-            if vstart[p] >= 0:
-                vcur[p] += c
-        if not row_ok[r]:
-            continue
-        if m <= RANK_SORT_MAX:
-            # rank of each entry = entries smaller, ties broken by position (stable): unique keys
-            # index << 6 | position, padded to a multiple of 8 lanes; branch-free, vectorizes
-            _rank_sort(bi, m, key, srt)
-        else:
-            order = np.argsort(bi[:m], kind="mergesort")
-            for i in range(m):
-                srt[i] = order[i]
-        multi = False
-        j = 0
-        while j < m:
-            q = srt[j]
-            ix = bi[q]
-            acc = np.float64(bv[q])
-            g = bg[q]
-            j += 1
-            while j < m and bi[srt[j]] == ix:
-                acc += np.float64(bv[srt[j]])
-                g = min(g, bg[srt[j]])
+                for p in range(n_parts):
+                    c += cnt[p, r]
+            start[r - a + 1] = start[r - a] + c
+            cur[r - a] = start[r - a]
+        for p in range(n_parts):
+            i = ci[p]
+            t0 = tstart[p]
+            v = cv[p]
+            for r in range(a, b):
+                c = cnt[p, r]
+                if row_ok[r]:
+                    q = cur[r - a]
+                    for j in range(c):
+                        e = t0 + ids[i + j]
+                        tile_idx[q + j] = tables[e]
+                        seen[e] = True
+                    if v >= 0:
+                        for j in range(c):
+                            tile_val[q + j] = vals[v + j]
+                    else:
+                        for j in range(c):
+                            tile_val[q + j] = np.float32(1.0)
+                    cur[r - a] = q + c
+                i += c
+                if v >= 0:
+                    v += c
+            ci[p] = i
+            cv[p] = v
+        for r in range(b - a):
+            if not row_ok[a + r]:
+                continue
+            s = start[r]
+            m = start[r + 1] - s
+            for j in range(m):
+                bi[j] = tile_idx[s + j]
+            if m <= RANK_SORT_MAX:
+                # rank of each entry = entries smaller, ties broken by position (stable): unique keys
+                # index << 6 | position, padded to a multiple of 8 lanes; branch-free, vectorizes
+                _rank_sort(bi, m, key, srt)
+            else:
+                order = np.argsort(bi[:m], kind="mergesort")
+                for j in range(m):
+                    srt[j] = order[j]
+            multi = False
+            j = 0
+            while j < m:
+                q = srt[j]
+                ix = bi[q]
+                acc = np.float64(tile_val[s + q])
                 j += 1
-            v = np.float32(acc)
-            out_idx[w] = ix
-            out_val[w] = v
-            multi = multi or v != np.float32(1.0)
-            if use_groups and g < groups[ix]:
-                groups[ix] = g
-            w += 1
-        out_multi[k] = multi
-        k += 1
-        out_ptr[k] = w
+                while j < m and bi[srt[j]] == ix:
+                    acc += np.float64(tile_val[s + srt[j]])
+                    j += 1
+                v = np.float32(acc)
+                out_idx[w] = ix
+                out_val[w] = v
+                multi = multi or v != np.float32(1.0)
+                w += 1
+            out_multi[k] = multi
+            k += 1
+            out_ptr[k] = w
     return w
+
+
+@njit(cache=True)
+def _lower_groups(seen, tables, tstart, groups):
+    """groups[index] lowered to p (at most MAX_GROUP) for each token of part p a good row used
+    (``seen``): a bucket's group is the smallest part number among the tokens hashed into it,
+    found once per distinct token of the batch, not once per entry."""
+    n_parts = tstart.shape[0]
+    for p in range(n_parts):
+        end = tstart[p + 1] if p + 1 < n_parts else tables.shape[0]
+        g = min(p, MAX_GROUP)
+        for e in range(tstart[p], end):
+            if seen[e]:
+                ix = tables[e]
+                if g < groups[ix]:
+                    groups[ix] = g
 
 
 @dataclass
@@ -325,10 +379,11 @@ def featurize_batch(spec: TableSpec, bits: int, seed: int, batch: pa.RecordBatch
     idx = np.empty(max(nnz, 1), np.int32)
     val = np.empty(max(nnz, 1), np.float32)
     multi = np.zeros(keep.shape[0], np.bool_)
-    use_groups = groups is not None
+    seen = np.zeros(tables.shape[0], np.bool_)
     with np.errstate(over="ignore"):
-        w = _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, max(int(counts[keep].max(initial=0)), 1), out_ptr, idx,
-                      val, multi, groups if use_groups else np.zeros(1, np.uint8), use_groups)
+        w = _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, out_ptr, idx, val, multi, seen)
+    if groups is not None:
+        _lower_groups(seen, tables, tstart, groups)
     idx, val = idx[:w], val[:w]
     if not np.isfinite(val).all():  # a summed value beyond float32: the row is bad after all
         lens = np.diff(out_ptr)
