@@ -49,7 +49,7 @@ test: $(STAMP) $(AIRFLOW_STAMP) dist
 SPARK35_TESTS ?= tests/test_spark_lines.py tests/test_spark_compat.py tests/test_ml_api.py \
 	tests/test_ml_featurize.py tests/test_featurize_table.py tests/test_featurize_spark.py \
 	tests/test_spark_settle.py tests/test_table_serving.py tests/test_time_split.py \
-	tests/test_barrier_spark.py
+	tests/test_barrier_spark.py tests/test_parquet_rows.py
 SPARK35_VENV ?= .venv-spark35
 SPARK35_PY := $(SPARK35_VENV)/bin/python
 SPARK35_STAMP := $(SPARK35_VENV)/.terascale-installed

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from terascale.pipeline import fsutil, groups, sampling, time_split, tokendict
+from terascale.pipeline import fsutil, groups, parquet_rows, sampling, time_split, tokendict
 from terascale.pipeline.blocks import BlockParser, LongLine, Piece, iter_blocks
 from terascale.pipeline.rowkernels import LINE_TOO_LONG, REASONS
 from terascale.pipeline.spec import FeatureSpec
@@ -83,31 +83,6 @@ class TaskOptions:
     dictionary_max_buckets: int = 1 << 20
 
 
-def _arrow_batch(labels, indptr, indices, values, multi, weights, times=None) -> pa.RecordBatch:
-    """The rows as a batch of OUTPUT_SCHEMA (TIMED_SCHEMA with ``times``). It keeps ``labels``,
-    ``indices``, ``weights`` and ``times`` (Arrow wraps them without a copy); ``indptr``,
-    ``values`` and ``multi`` are read, not kept."""
-    n = labels.shape[0]
-    offsets = pa.array(indptr.astype(np.int32))
-    idx = pa.ListArray.from_arrays(offsets, pa.array(indices), type=OUTPUT_SCHEMA.field("indices").type)
-    if multi.any():
-        lens = np.diff(indptr)
-        vlens = np.where(multi, lens, 0)
-        voff = np.zeros(n + 1, dtype=np.int32)
-        np.cumsum(vlens, out=voff[1:])
-        vals = values[np.repeat(multi, lens)]
-        val = pa.ListArray.from_arrays(
-            pa.array(voff), pa.array(vals), type=OUTPUT_SCHEMA.field("values").type, mask=pa.array(~multi)
-        )
-    else:
-        val = pa.nulls(n, type=OUTPUT_SCHEMA.field("values").type)
-    weight = pa.array(weights)
-    if times is not None:
-        return pa.RecordBatch.from_arrays([pa.array(labels), weight, idx, val, pa.array(times, pa.int64())],
-                                          schema=TIMED_SCHEMA)
-    return pa.RecordBatch.from_arrays([pa.array(labels), weight, idx, val], schema=OUTPUT_SCHEMA)
-
-
 class _Quarantine:
     def __init__(self, cap: int):
         self.cap = cap
@@ -130,24 +105,28 @@ class _Quarantine:
         return pa.table(self.rows, schema=QUARANTINE_SCHEMA)
 
 
-def open_writer(fs, inner: str, compression: str, encoding: str = "byte_stream_split",
-                schema: pa.Schema = OUTPUT_SCHEMA) -> pq.ParquetWriter:
-    """The Parquet writer of a task's rows (``schema``: OUTPUT_SCHEMA, or TIMED_SCHEMA), on
+def open_writer(fs, inner: str, compression: str, encoding: str = "byte_stream_split", timed: bool = False
+                ) -> parquet_rows.RowsWriter:
+    """The Parquet writer of a task's rows (OUTPUT_SCHEMA, or TIMED_SCHEMA when ``timed``) on
     filesystem ``fs``; ``encoding`` of the indices: ``byte_stream_split`` or ``plain`` (what Spark
-    3.5 reads)."""
-    return pq.ParquetWriter(
-        inner, schema, filesystem=fs, compression=None if compression == "none" else compression,
-        use_dictionary=False,  # hashed indices are near-random: dictionaries only cost time
-        # byte_stream_split: the indices' bytes stream by stream (all low bytes, ..., all high bytes):
-        # the codec then skips the near-random low bytes quickly and packs the high ones. With snappy:
-        # the same decoded values, the write 2x faster, the file about 4% larger
-        # (docs/pages/explanation/design-notes.md)
-        column_encoding={"indices.list.element": encoding.upper()},
-        # min/max of hashed indices prune nothing, but the statistics' null count gives each row
-        # group's non-zeros (num_values - null_count), checked against the manifest (pipeline.verify)
-        write_statistics=["label", "weight", "indices.list.element"],
-        write_page_checksum=True,  # a flipped byte in a page is an error on read, not silently wrong data
-    )
+    3.5 reads). Hashed indices are near-random, so no dictionaries; byte_stream_split writes the
+    indices' bytes stream by stream (all low bytes, ..., all high bytes): the codec then skips the
+    near-random low bytes quickly and packs the high ones (docs/pages/explanation/design-notes.md).
+    Every page carries a CRC-32 (a flipped byte is an error on read, not silently wrong data);
+    the statistics' null count gives each row group's non-zeros, checked against the manifest
+    (``pipeline.verify``)."""
+    return parquet_rows.RowsWriter(fs, inner, compression, encoding, timed)
+
+
+def _concat(parts: list[tuple]) -> tuple:
+    """The pending batches' arrays as one row group's (``write_group``'s arguments)."""
+    if len(parts) == 1:
+        return parts[0]
+    labels, weights, ptrs, indices, multi, mvals, times = zip(*parts, strict=True)
+    starts = np.cumsum([0] + [int(p[-1]) for p in ptrs[:-1]])
+    indptr = np.concatenate([ptrs[0][:1]] + [p[1:] + s for p, s in zip(ptrs, starts, strict=True)])
+    return (np.concatenate(labels), np.concatenate(weights), indptr, np.concatenate(indices), np.concatenate(multi),
+            np.concatenate(mvals), None if times[0] is None else np.concatenate(times))
 
 
 PHASES = ("setup", "read", "parse", "rows", "write", "finish")
@@ -171,10 +150,9 @@ class TaskOutput:
         self.quarantine = _Quarantine(opts.raw_cap)
         self.per_input: dict[str, dict] = {}
         self.totals = {"rows": 0, "nnz": 0, "positives": 0.0, "weight_sum": 0.0, "multi_rows": 0}
-        self._pending: list[pa.RecordBatch] = []
+        self._pending: list[tuple] = []  # (labels, weights, indptr, indices, multi, multi values, times)
         self._pending_rows = 0
-        self._writer = open_writer(self.fs, self._data_inner, opts.compression, opts.parquet_encoding,
-                                   TIMED_SCHEMA if timed else OUTPUT_SCHEMA)
+        self._writer = open_writer(self.fs, self._data_inner, opts.compression, opts.parquet_encoding, timed)
 
     def stats(self, src: str) -> dict:
         return self.per_input.setdefault(src, {"lines": 0, "rows": 0, "quarantined": {}, "dropped": 0,
@@ -206,7 +184,9 @@ class TaskOutput:
         t["positives"] += float(labels.sum(dtype=np.float64))
         t["weight_sum"] += float(weights.sum(dtype=np.float64))
         t["multi_rows"] += int(multi.sum())
-        self._pending.append(_arrow_batch(labels, indptr, indices, values, multi, weights, times))
+        m = np.array(multi, np.bool_)  # copies: the parser reuses its buffers
+        ptr = np.asarray(indptr, np.int64)
+        self._pending.append((labels, weights, ptr.copy(), indices, m, parquet_rows.multi_values_of(ptr, values, m), times))
         if times is not None:
             self._times.append(time_split.task_points(times))
         self._pending_rows += n_rows
@@ -217,7 +197,7 @@ class TaskOutput:
             return
         if self._pending:
             c = time.process_time()
-            self._writer.write_table(pa.Table.from_batches(self._pending), row_group_size=max(self._pending_rows, 1))
+            self._writer.write_group(*_concat(self._pending))
             self.phases["write"] += time.process_time() - c
         self._pending, self._pending_rows = [], 0
 
