@@ -78,3 +78,15 @@ def list_levels(lens, present, max_def, rep_out, def_out):
         dw = _put_run(def_out, dw, dv, dc)
     return rw, dw, entries, nulls
 
+
+
+@njit(cache=True)
+def byte_stream_split4(x, out):
+    """BYTE_STREAM_SPLIT of 4-byte little-endian values whose bytes are ``x`` into ``out``:
+    byte j of value i goes to ``out[j * n + i]`` (n values)."""
+    n = x.shape[0] // 4
+    for i in range(n):
+        out[i] = x[4 * i]
+        out[n + i] = x[4 * i + 1]
+        out[2 * n + i] = x[4 * i + 2]
+        out[3 * n + i] = x[4 * i + 3]

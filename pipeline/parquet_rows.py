@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from terascale.pipeline import thrift_compact as tc
-from terascale.pipeline.parquet_levels import MAX_RUN_BYTES, list_levels
+from terascale.pipeline.parquet_levels import MAX_RUN_BYTES, byte_stream_split4, list_levels
 
 try:
     from isal.isal_zlib import crc32
@@ -175,8 +175,9 @@ class RowsWriter:
             a = cuts[-1]
             b = int(np.searchsorted(vptr, vptr[a] + per, side="right")) - 1
             cuts.append(min(max(b, a + 1), n))
+        if split and flat.dtype.itemsize != 4:
+            raise ValueError(f"BYTE_STREAM_SPLIT of {flat.dtype}: only 4-byte values are written split")
         pages, entries, nulls = [], 0, 0
-        width = flat.dtype.itemsize
         for a, b in zip(cuts[:-1], cuts[1:], strict=True):
             cap = 2 * MAX_RUN_BYTES * (b - a) + 8
             rep = np.empty(cap, np.uint8)
@@ -189,8 +190,8 @@ class RowsWriter:
             body[4 + rw : 8 + rw] = np.frombuffer(_struct.pack("<i", dw), np.uint8)
             body[8 + rw : 8 + rw + dw] = dfn[:dw]
             out = body[8 + rw + dw :]
-            if split:  # BYTE_STREAM_SPLIT: byte j of value i at j * n + i
-                out.reshape(width, -1)[...] = vals.view(np.uint8).reshape(-1, width).T
+            if split:
+                byte_stream_split4(vals.view(np.uint8), out)
             else:
                 out[...] = vals.view(np.uint8)
             pages.append((body, k))
