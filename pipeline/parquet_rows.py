@@ -1,9 +1,9 @@
-"""Featurized rows written as Parquet by terascale's own writer: the dataset schema
-(``featurize_task.OUTPUT_SCHEMA``, or ``TIMED_SCHEMA`` with ``time``) from CSR arrays, the same
-values, encodings, codec, page checksums and statistics as pyarrow's ``ParquetWriter`` with
-``featurize_task.open_writer``'s options (read back equal by pyarrow and Spark; tested), at a
-fraction of its cost: a list column's levels are written per row (``pipeline.parquet_levels``),
-where pyarrow's writer builds and encodes two levels per value.
+"""Featurized rows written as Parquet: the dataset schema (``featurize_task.OUTPUT_SCHEMA``, or
+``TIMED_SCHEMA`` with ``time``) from CSR arrays. The files decode to what pyarrow's
+``ParquetWriter`` writes from the same rows with no dictionaries, page checksums and the
+statistics below, with the same chunk counts and statistics (tested; pyarrow and Spark read
+them). Written here because a list column's levels are then RLE runs made per row
+(``pipeline.parquet_levels``), where a general writer makes and encodes two levels per value.
 
 File layout (the Apache Parquet format): ``PAR1``, then per row group each column's data pages
 (format v1: a Thrift ``PageHeader``, then the page compressed as one block: repetition levels
@@ -52,13 +52,6 @@ ENC_PLAIN, ENC_RLE, ENC_BSS = 0, 3, 9
 CODECS = {"none": 0, "snappy": 1, "zstd": 6, "lz4": 7}  # lz4: LZ4_RAW, as pyarrow writes "lz4"
 _ARROW_CODEC = {"snappy": "snappy", "zstd": "zstd", "lz4": "lz4_raw"}
 ENCODINGS = {"plain": ENC_PLAIN, "byte_stream_split": ENC_BSS}
-
-
-class _Column:
-    """One leaf column's pages of the open row group, and what its chunk metadata needs."""
-
-    def __init__(self, path: tuple[str, ...], ptype: int, encoding: int, stats: bool, levels: bool):
-        self.path, self.ptype, self.encoding, self.stats, self.levels = path, ptype, encoding, stats, levels
 
 
 def _signed32(x: int) -> int:
