@@ -1,8 +1,10 @@
 """A table spec's fields on a batch of Arrow columns: each field becomes a small *token table*
 (each distinct token's bytes and hashed index) and, per row, ids into it (a ``Part``). A
 categorical column is dictionary-encoded (a Parquet column read as a dictionary keeps its own,
-reduced to the entries the batch uses), so each distinct value of a batch is formatted and
-hashed once, not once per row; a numeric column's distinct buckets likewise. The rules are
+reduced to the entries the batch uses when it is large; an integer column's distinct values are
+found by a hash table), so each distinct value of a batch is formatted and hashed once, not once
+per row; a numeric column's distinct buckets likewise. The parts of a batch write their counts
+and ids into shared arrays (``Out``), read from Arrow's buffers without copies. The rules are
 ``pipeline.table_spec``'s; ``pipeline.table_kernel`` crosses and assembles the parts. No pyspark.
 """
 
@@ -42,6 +44,51 @@ class Part:
     bad: np.ndarray | None = None
 
 
+class Flat:
+    """A flat array that a batch's parts append to in order (their ``ids`` or their ``vals``),
+    so the parts' arrays end up back to back without a final concatenation. ``room(k)`` is the
+    next k slots to write into, ``commit(k)`` appends the first k of them and returns them.
+    Growing copies the array: a part's earlier view keeps its (equal) values."""
+
+    def __init__(self, dtype, capacity: int):
+        self.buf = np.empty(max(capacity, 1), dtype)
+        self.size = 0
+
+    def room(self, k: int) -> np.ndarray:
+        if self.size + k > self.buf.shape[0]:
+            grown = np.empty(max(2 * self.buf.shape[0], self.size + k), self.buf.dtype)
+            grown[: self.size] = self.buf[: self.size]
+            self.buf = grown
+        return self.buf[self.size : self.size + k]
+
+    def commit(self, k: int) -> np.ndarray:
+        self.size += k
+        return self.buf[self.size - k : self.size]
+
+    def append(self, a: np.ndarray) -> np.ndarray:
+        self.room(a.shape[0])[:] = a
+        return self.commit(a.shape[0])
+
+    def array(self) -> np.ndarray:
+        return self.buf[: self.size]
+
+
+@dataclass
+class Out:
+    """Where a part writes: ``cnt`` its row of the batch's counts (int32, one per row), ``ids``
+    and ``vals`` the batch's flat int64 ids and float32 values."""
+
+    cnt: np.ndarray
+    ids: Flat
+    vals: Flat
+
+    def part(self, cnt: np.ndarray, ids: np.ndarray, vals: np.ndarray | None, table: tuple, bad: np.ndarray | None
+             ) -> Part:
+        """The Part of arrays computed elsewhere, copied into this output."""
+        self.cnt[:] = cnt
+        return Part(self.cnt, self.ids.append(ids), None if vals is None else self.vals.append(vals), *table, bad)
+
+
 # ---------------------------------------------------------------------------------------------
 # Token tables
 
@@ -78,11 +125,14 @@ def _check_utf8(data, off):
 
 
 def _string_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """uint8 data and int64 offsets of a (large_)string/binary array without nulls in its slots' use."""
-    arr = arr.cast(pa.large_binary()) if not pa.types.is_large_binary(arr.type) else arr
-    bufs = arr.buffers()
+    """uint8 data and offsets (int32, or int64 for a large type) of a string or binary array,
+    not copied; a null's range is arbitrary (often empty)."""
     n = len(arr)
-    off = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1 + arr.offset)[arr.offset:]
+    bufs = arr.buffers()
+    if n == 0 or bufs[1] is None:
+        return np.zeros(0, np.uint8), np.zeros(1, np.int64)
+    large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    off = np.frombuffer(bufs[1], dtype=np.int64 if large else np.int32, count=n + 1 + arr.offset)[arr.offset:]
     data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
     return data, off
 
@@ -152,13 +202,191 @@ def _dictionary_text(d: pa.Array) -> tuple[pa.Array, bool]:
 
 
 def _empty(d: pa.Array) -> np.ndarray:
-    return np.asarray(pc.fill_null(pc.equal(pc.binary_length(d), 0), True).to_numpy(zero_copy_only=False))
+    """Which entries of a string or binary array are empty or null."""
+    _, off = _string_buffers(d)
+    empty = off[1:] == off[:-1]
+    if d.null_count:
+        empty |= ~valid_mask(d)
+    return empty
 
 
 def valid_mask(arr: pa.Array) -> np.ndarray:
     if arr.null_count == 0:
         return np.ones(len(arr), np.bool_)
     return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False))
+
+
+_NO_BITS = np.zeros(0, np.uint8)
+
+
+def _validity(arr: pa.Array) -> tuple[np.ndarray, int]:
+    """The validity bitmap of ``arr`` (uint8, not copied) and the bit of its first element; -1
+    when it has no nulls. Element r is valid when bit ``first + r`` (LSB first) is set."""
+    if arr.null_count == 0:
+        return _NO_BITS, -1
+    return np.frombuffer(arr.buffers()[0], np.uint8), arr.offset
+
+
+def _values(arr: pa.Array, dtype) -> np.ndarray:
+    """The values buffer of a fixed-width array as numpy (not copied; a null's slot is arbitrary)."""
+    buf = arr.buffers()[1]
+    if buf is None or len(arr) == 0:
+        return np.zeros(0, dtype)
+    return np.frombuffer(buf, dtype, count=arr.offset + len(arr))[arr.offset :]
+
+
+@njit(cache=True, inline="always")
+def _is_valid(bits, first, r):
+    return first < 0 or (bits[(first + r) >> 3] >> ((first + r) & 7)) & 1 == 1
+
+
+@njit(cache=True)
+def _dict_rows(idx, bits, first, entry, miss, cnt, ids, bad):
+    """Rows of dictionary indices ``idx`` (validity ``bits``/``first``): a null has no token,
+    else ``entry[idx[r]]`` is its token id (-1: none; -2: none, and bad[r] = INVALID_UTF8); with
+    ``miss`` >= 0 a row without a token gets id ``miss``. Writes cnt (0/1 per row) and the ids
+    (room for one per row); returns their number, or -1 when an index is out of the dictionary."""
+    m = entry.shape[0]
+    if m == 0:
+        entry = np.full(1, -1, entry.dtype)
+    w = 0
+    out_of_range = False
+    for r in range(idx.shape[0]):  # branch-free but for the rare -2
+        valid = _is_valid(bits, first, r)
+        k = np.int64(idx[r])
+        out_of_range |= valid and (k < 0 or k >= m)
+        e = entry[min(max(k, 0), max(m - 1, 0))] if valid else -1
+        if e == -2:
+            bad[r] = INVALID_UTF8
+            e = -1
+        e = miss if e < 0 else e
+        ids[w] = e
+        has = e >= 0
+        w += has
+        cnt[r] = has
+    return -1 if out_of_range else w
+
+
+@njit(cache=True)
+def _mark_used(idx, bits, first, live, used):
+    """used[k] for each dictionary entry k that a valid element refers to, when live[k];
+    returns the number of such entries."""
+    m = live.shape[0]
+    c = 0
+    for r in range(idx.shape[0]):
+        if _is_valid(bits, first, r):
+            k = idx[r]
+            if k >= 0 and k < m and live[k] and not used[k]:
+                used[k] = True
+                c += 1
+    return c
+
+
+_FIB = 0x9E3779B97F4A7C15  # 2^64 / golden ratio: multiplicative hashing
+
+
+@njit(cache=True)
+def _int_rows(x, bits, first, miss, cnt, ids, firsts):
+    """Rows of integers ``x`` (validity ``bits``/``first``): the distinct values are numbered in
+    order of first appearance (``firsts[j]``: the row of value j's first appearance), found
+    with an open-addressing hash table (linear probing, at most a quarter full, each slot a
+    (value, number) pair); a valid row's token id is its value's number, a null has none, or
+    with ``miss`` the id after the last number. Writes cnt (0/1 per row) and the ids (room for
+    one per row); returns (ids written, distinct values)."""
+    cap = 1024
+    shift = np.uint64(64 - 10)
+    tab = np.full(2 * cap, -1, np.int64)
+    k = 0
+    w = 0
+    nulls = False
+    for r in range(x.shape[0]):
+        if not _is_valid(bits, first, r):
+            nulls = True
+            ids[w] = -1
+            w += miss
+            cnt[r] = miss
+            continue
+        v = np.int64(x[r])
+        h = np.int64((np.uint64(v) * np.uint64(_FIB)) >> shift)
+        while True:
+            s = tab[2 * h + 1]
+            if s < 0:
+                tab[2 * h] = v
+                tab[2 * h + 1] = k
+                firsts[k] = r
+                s = k
+                k += 1
+                if 4 * k > cap:
+                    cap *= 2
+                    shift -= np.uint64(1)
+                    tab = np.full(2 * cap, -1, np.int64)
+                    for j in range(k):
+                        u = np.int64(x[firsts[j]])
+                        g = np.int64((np.uint64(u) * np.uint64(_FIB)) >> shift)
+                        while tab[2 * g + 1] >= 0:
+                            g = (g + 1) & (cap - 1)
+                        tab[2 * g] = u
+                        tab[2 * g + 1] = j
+                break
+            if tab[2 * h] == v:
+                break
+            h = (h + 1) & (cap - 1)
+        ids[w] = s
+        w += 1
+        cnt[r] = 1
+    if miss and nulls:
+        for j in range(w):
+            if ids[j] < 0:
+                ids[j] = k
+    return w, k
+
+
+@njit(cache=True)
+def _code_rows(codes, miss, cnt, ids):
+    """Rows of one token id each (``codes``, -1: none; with ``miss`` >= 0 a row without one
+    gets id ``miss``): writes cnt (0/1 per row) and the ids; returns their number."""
+    w = 0
+    for r in range(codes.shape[0]):
+        e = codes[r]
+        if e < 0:
+            e = miss
+        if e >= 0:
+            ids[w] = e
+            w += 1
+            cnt[r] = 1
+        else:
+            cnt[r] = 0
+    return w
+
+
+@njit(cache=True)
+def _number_rows(x, bits, first, miss, cnt, ids, vals, bad):
+    """Rows of float64 numbers ``x`` (validity ``bits``/``first``), one token (id 0) with value
+    float32(x) when x is finite, its float32 is finite and x != 0; NaN, +-inf or beyond float32
+    sets bad[r] = BAD_NUMERIC; with ``miss`` a row without a token gets id 1, value 1. Writes
+    cnt (0/1 per row), the ids and vals (room for one per row); returns (ids written, bad rows)."""
+    w = 0
+    nbad = 0
+    for r in range(x.shape[0]):
+        c = 0
+        if _is_valid(bits, first, r):
+            v = x[r]
+            v32 = np.float32(v)
+            if not (np.isfinite(v) and np.isfinite(v32)):
+                bad[r] = BAD_NUMERIC
+                nbad += 1
+            elif v != 0.0:
+                ids[w] = 0
+                vals[w] = v32
+                w += 1
+                c = 1
+        if c == 0 and miss:
+            ids[w] = 1
+            vals[w] = np.float32(1.0)
+            w += 1
+            c = 1
+        cnt[r] = c
+    return w, nbad
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,6 +399,14 @@ def _select(offsets, keep, cap, truncate, row_bad, bad_code, cnt, sel):
     More than ``cap`` (> 0): the first ``cap`` (``truncate``) or ``row_bad`` = ``bad_code``."""
     n = offsets.shape[0] - 1
     w = 0
+    if cap <= 0:  # every kept element, branch-free (sel has room for one more)
+        for r in range(n):
+            w0 = w
+            for j in range(offsets[r], offsets[r + 1]):
+                sel[w] = j
+                w += keep[j]
+            cnt[r] = w - w0
+        return w
     for r in range(n):
         c = 0
         for j in range(offsets[r], offsets[r + 1]):
@@ -198,7 +434,10 @@ def _select(offsets, keep, cap, truncate, row_bad, bad_code, cnt, sel):
 def _flat(arr: pa.Array) -> tuple[np.ndarray, pa.Array]:
     """Row offsets (a null list has no elements) and the elements of a list or map column."""
     if pa.types.is_map(arr.type):  # a map is a list of (key, value) structs
-        arr = pa.ListArray.from_arrays(arr.offsets, arr.values, mask=arr.is_null() if arr.null_count else None)
+        offs = arr.offsets.to_numpy()  # of a slice: its own, into the unsliced entries
+        start = int(offs[0])
+        entries = arr.values.slice(start, int(offs[-1]) - start)
+        arr = pa.ListArray.from_arrays(pa.array(offs - start), entries, mask=arr.is_null() if arr.null_count else None)
     lens = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False)
     offsets = np.zeros(len(arr) + 1, np.int64)
     np.cumsum(lens, out=offsets[1:])
@@ -235,59 +474,104 @@ def as_float64(arr: pa.Array) -> pa.Array:
     return arr.cast(pa.float64(), safe=False)
 
 
-def _single(f: Field, codes: np.ndarray, vals: np.ndarray | None, table: tuple, bad: np.ndarray | None) -> Part:
+def _single(f: Field, codes: np.ndarray, table: tuple, bad: np.ndarray | None, out: Out) -> Part:
     """A field of at most one token per row: ``codes`` (-1 = none) into ``table``; with the
     missing token, a row without a token gets the table's last entry."""
     data, off, index = table
-    if f.missing == "token":
-        codes = np.where(codes < 0, len(index) - 1, codes)
-        if vals is not None:
-            vals = np.where(codes == len(index) - 1, np.float32(1), vals).astype(np.float32)
-    has = codes >= 0
-    return Part(has.astype(np.int32), codes[has], None if vals is None else vals[has], data, off, index, bad)
+    miss = len(index) - 1 if f.missing == "token" else -1
+    w = _code_rows(codes, miss, out.cnt, out.ids.room(codes.shape[0]))
+    return Part(out.cnt, out.ids.commit(w), None, data, off, index, bad)
 
 
-def _used(codes: np.ndarray, dictionary: pa.Array) -> tuple[np.ndarray, pa.Array]:
-    """Codes and dictionary reduced to the entries the batch uses, when the dictionary is large
-    beside the batch (a column chunk's whole dictionary): only those are formatted and hashed."""
-    if len(dictionary) <= max(1024, codes.shape[0] // 4):
-        return codes, dictionary
-    used, remap = _distinct_ints(codes[codes >= 0])
-    out = np.full(codes.shape[0], -1, np.int64)
-    out[codes >= 0] = remap
-    return out, dictionary.take(pa.array(used))
+def categorical_part(f: Field, arr: pa.Array, seed: int, mask: int, out: Out) -> Part:
+    t = arr.type
+    if pa.types.is_integer(t):
+        return _integer_part(f, arr, seed, mask, out)
+    if not pa.types.is_dictionary(t):
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+                or pa.types.is_large_binary(t) or pa.types.is_boolean(t) or pa.types.is_date32(t)
+                or pa.types.is_date64(t)):
+            raise SchemaError(f"type {t} cannot be categorical")
+        arr = pc.dictionary_encode(arr)  # each distinct value formatted once
+    return _dictionary_part(f, arr, seed, mask, out)
 
 
-def categorical_part(f: Field, arr: pa.Array, seed: int, mask: int) -> Part:
-    codes, dictionary, binary = _canonical_codes(arr)
-    codes, dictionary = _used(codes, dictionary)
+def _dictionary_part(f: Field, arr: pa.DictionaryArray, seed: int, mask: int, out: Out) -> Part:
+    """A dictionary-encoded categorical column. When the dictionary is large beside the batch (a
+    column chunk's whole dictionary) it is reduced to the entries the batch uses, so only those
+    are formatted and hashed. Empty strings are missing."""
+    n = len(arr)
+    dictionary, binary = _dictionary_text(arr.dictionary)
+    ind = arr.indices
+    idx = _values(ind, ind.type.to_pandas_dtype())
+    bits, first = _validity(ind)
+    live = ~_empty(dictionary)
+    m = len(dictionary)
+    used = None
+    if m > max(1024, n // 4):
+        used = np.zeros(m, np.bool_)
+        if 2 * _mark_used(idx, bits, first, live, used) > m:
+            used = None  # most entries are used: taking them would cost more than it saves
+    if used is not None:
+        rows = np.flatnonzero(used)  # the table's entries: dictionary entries, ascending
+        dictionary = dictionary.take(pa.array(rows))
+        entry = np.full(m, -1, np.int64)
+        entry[rows] = np.arange(rows.shape[0])
+    else:
+        rows = np.arange(m)
+        entry = np.where(live, rows, -1)
     data, off, index, ok = _table(f"{f.name}=".encode(), dictionary, seed, mask, f.missing == "token", binary)
     bad = None
     if ok is not None and not ok.all():
-        hit = (codes >= 0) & ~ok[np.maximum(codes, 0)]
-        bad = np.where(hit, INVALID_UTF8, 0).astype(np.int8)
-        codes = np.where(hit, -1, codes)
-    return _single(f, codes, None, (data, off, index), bad)
+        hit = rows[~ok]
+        hit = hit[entry[hit] >= 0]
+        if hit.shape[0]:
+            entry[hit] = -2
+            bad = np.zeros(n, np.int8)
+    miss = len(index) - 1 if f.missing == "token" else -1
+    w = _dict_rows(idx, bits, first, entry, miss, out.cnt, out.ids.room(n), _NO_BAD if bad is None else bad)
+    if w < 0:
+        raise ValueError(f"field {f.name!r}: a dictionary index beyond its dictionary")
+    return Part(out.cnt, out.ids.commit(w), None, data, off, index, bad)
 
 
-def numeric_part(f: Field, arr: pa.Array, seed: int, mask: int) -> Part:
-    x, valid = numbers(arr)
-    finite = np.isfinite(x)
-    bad = np.where(valid & ~finite, BAD_NUMERIC, 0).astype(np.int8)
-    valid = valid & finite
+_NO_BAD = np.zeros(0, np.int8)
+
+
+def _integer_part(f: Field, arr: pa.Array, seed: int, mask: int, out: Out) -> Part:
+    """An integer categorical column: each distinct value of the batch formatted once (Arrow's
+    cast to string: decimal) and hashed once."""
+    n = len(arr)
+    x = _values(arr, arr.type.to_pandas_dtype())
+    bits, first = _validity(arr)
+    firsts = np.empty(n, np.int64)
+    missing = f.missing == "token"
+    w, k = _int_rows(x, bits, first, missing, out.cnt, out.ids.room(n), firsts)
+    text = pa.array(x[firsts[:k]], type=arr.type).cast(pa.string())
+    data, off, index, _ = _table(f"{f.name}=".encode(), text, seed, mask, missing, False)
+    return Part(out.cnt, out.ids.commit(w), None, data, off, index)
+
+
+def numeric_part(f: Field, arr: pa.Array, seed: int, mask: int, out: Out) -> Part:
     if f.bucketing == "none":
-        with np.errstate(over="ignore"):
-            x32 = x.astype(np.float32)
-        big = valid & ~np.isfinite(x32)
-        bad[big] = BAD_NUMERIC
-        valid = valid & ~big
-        has = valid & (x != 0.0)
+        t = arr.type
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_boolean(t)):
+            raise SchemaError(f"type {t} cannot be numeric")
+        if not pa.types.is_float64(t):
+            arr = as_float64(arr)
+        n = len(arr)
         data, off, index = _single_table(f.name.encode(), seed, mask)
         if f.missing == "token":
             data, off = _append(data, off, (f.name + MISSING_SUFFIX).encode())
             index = hash_buffers(data, off, seed) & mask
-        codes = np.where(has, 0, -1).astype(np.int64)
-        return _single(f, codes, x32, (data, off, index), bad)
+        bad = np.zeros(n, np.int8)
+        w, nbad = _number_rows(_values(arr, np.float64), *_validity(arr), f.missing == "token", out.cnt,
+                               out.ids.room(n), out.vals.room(n), bad)
+        return Part(out.cnt, out.ids.commit(w), out.vals.commit(w), data, off, index, bad if nbad else None)
+    x, valid = numbers(arr)
+    finite = np.isfinite(x)
+    bad = np.where(valid & ~finite, BAD_NUMERIC, 0).astype(np.int8)
+    valid = valid & finite
     if f.bucketing == "quantile" and not f.boundaries:
         raise ValueError(f"field {f.name!r}: bucketing quantile without learned boundaries (the featurize job "
                          "learns them and writes them into the spec)")
@@ -304,7 +588,7 @@ def numeric_part(f: Field, arr: pa.Array, seed: int, mask: int) -> Part:
     codes[valid] = inv
     text = pa.array(uniq).cast(pa.string())
     data, off, index, _ = _table(f"{f.name}=".encode(), text, seed, mask, f.missing == "token", False)
-    return _single(f, codes, None, (data, off, index), bad)
+    return _single(f, codes, (data, off, index), bad, out)
 
 
 def _distinct_ints(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -325,7 +609,7 @@ def _distinct_ints(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _capped(f: Field, offsets: np.ndarray, keep: np.ndarray, bad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = offsets.shape[0] - 1
     cnt = np.zeros(n, np.int32)
-    sel = np.empty(max(int(keep.sum()), 1), np.int64)
+    sel = np.empty(int(keep.sum()) + 1, np.int64)
     w = _select(offsets, keep, f.max_values, f.overflow == "truncate", bad, TOO_MANY, cnt, sel)
     return cnt, sel[:w]
 
@@ -345,7 +629,7 @@ def _with_missing(f: Field, cnt: np.ndarray, ids: np.ndarray, vals: np.ndarray |
     return np.where(empty, 1, cnt).astype(np.int32), ids, vals
 
 
-def multi_part(f: Field, arr: pa.Array, seed: int, mask: int) -> Part:
+def multi_part(f: Field, arr: pa.Array, seed: int, mask: int, out: Out) -> Part:
     if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
         raise SchemaError(f"type {arr.type} cannot be multi (an array of strings, integers or booleans)")
     n = len(arr)
@@ -363,7 +647,7 @@ def multi_part(f: Field, arr: pa.Array, seed: int, mask: int) -> Part:
     cnt[bad != 0] = 0
     ids = _drop_rows(sel, offsets, bad)
     cnt, ids, _ = _with_missing(f, cnt, codes[ids], None, len(index))
-    return Part(cnt, ids, None, data, off, index, bad)
+    return out.part(cnt, ids, None, (data, off, index), bad)
 
 
 def _drop_rows(sel: np.ndarray, offsets: np.ndarray, bad: np.ndarray) -> np.ndarray:
@@ -374,7 +658,7 @@ def _drop_rows(sel: np.ndarray, offsets: np.ndarray, bad: np.ndarray) -> np.ndar
     return sel[bad[rows] == 0]
 
 
-def map_part(f: Field, arr: pa.Array, seed: int, mask: int) -> Part:
+def map_part(f: Field, arr: pa.Array, seed: int, mask: int, out: Out) -> Part:
     if not pa.types.is_map(arr.type):
         raise SchemaError(f"type {arr.type} cannot be map (a map<string, number>)")
     n = len(arr)
@@ -398,7 +682,7 @@ def map_part(f: Field, arr: pa.Array, seed: int, mask: int) -> Part:
     cnt[bad != 0] = 0
     sel = _drop_rows(sel, offsets, bad)
     cnt, ids, vals = _with_missing(f, cnt, codes[sel], x32[sel], len(index))
-    return Part(cnt, ids, vals, data, off, index, bad)
+    return out.part(cnt, ids, vals, (data, off, index), bad)
 
 
 PARTS = {"categorical": categorical_part, "numeric": numeric_part, "multi": multi_part, "map": map_part}

@@ -17,7 +17,7 @@ from numba import njit
 
 from terascale.pipeline.hashing import hash_buffers
 from terascale.pipeline.rowkernels import REASON_CODES
-from terascale.pipeline.table_fields import PARTS, Part, as_float64, numbers, valid_mask
+from terascale.pipeline.table_fields import PARTS, Flat, Out, Part, as_float64, numbers, valid_mask
 from terascale.pipeline.table_schema import SchemaError
 from terascale.pipeline.table_spec import TableSpec, field_seed
 
@@ -313,6 +313,81 @@ def _weights(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return x32, ok
 
 
+@njit(cache=True)
+def _first_reason(status, bad):
+    """status[r] = bad[r] where the row has no reason yet."""
+    for r in range(status.shape[0]):
+        if status[r] == 0 and bad[r] != 0:
+            status[r] = bad[r]
+
+
+@njit(cache=True)
+def _projected_too_many(cnt, n_fields, crosses, limit, status):
+    """status[r] = TOO_MANY for each row without a reason whose projected tokens exceed
+    ``limit``: in float64, the fields' counts (cnt's first n_fields rows) summed in order, then
+    per cross (a row of field numbers, -1 padded) the product of its fields' counts."""
+    for r in range(status.shape[0]):
+        if status[r] != 0:
+            continue
+        s = 0.0
+        for p in range(n_fields):
+            s += np.float64(cnt[p, r])
+        for c in range(crosses.shape[0]):
+            v = np.float64(cnt[crosses[c, 0], r])
+            for j in range(1, crosses.shape[1]):
+                if crosses[c, j] >= 0:
+                    v *= np.float64(cnt[crosses[c, j], r])
+            s += v
+        if s > limit:
+            status[r] = TOO_MANY
+
+
+@njit(cache=True)
+def _count_rows(cnt, limit, status):
+    """status[r] = TOO_MANY for each row without a reason with more than ``limit`` tokens (all
+    parts); returns the tokens of the rows left without a reason."""
+    total = 0
+    for r in range(status.shape[0]):
+        if status[r] != 0:
+            continue
+        c = 0
+        for p in range(cnt.shape[0]):
+            c += cnt[p, r]
+        if c > limit:
+            status[r] = TOO_MANY
+        else:
+            total += c
+    return total
+
+
+@njit(cache=True)
+def _all_finite(x):
+    """Whether every float32 of x is finite: no exponent field all ones (a max of integers,
+    which vectorizes)."""
+    u = x.view(np.uint32)
+    e = np.uint32(0)
+    for i in range(u.shape[0]):
+        e = max(e, u[i] & np.uint32(0x7F800000))
+    return e != np.uint32(0x7F800000)
+
+
+def _capacity(spec: TableSpec, col: dict, n: int) -> tuple[int, int]:
+    """Likely totals of the fields' ids and values: one per row for a single-token field, for
+    a multi or map field its elements plus one per row (a missing token)."""
+    n_ids, n_vals = 0, 0
+    for f in spec.fields:
+        arr = col[f.name]
+        if f.kind in ("multi", "map") and (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)
+                                           or pa.types.is_map(arr.type)):
+            k = n + max(arr.offsets[-1].as_py() - arr.offsets[0].as_py(), 0) if len(arr) else 0
+        else:
+            k = n
+        n_ids += k
+        if (f.kind == "numeric" and f.bucketing == "none") or f.kind == "map":
+            n_vals += k
+    return n_ids, n_vals
+
+
 def featurize_batch(spec: TableSpec, bits: int, seed: int, batch: pa.RecordBatch | pa.Table,
                     groups: np.ndarray | None = None) -> Rows:
     """The rows of a batch whose columns are ``__label``, optionally ``__weight``, and one column
@@ -331,50 +406,45 @@ def featurize_batch(spec: TableSpec, bits: int, seed: int, batch: pa.RecordBatch
         status[(status == 0) & ~wok] = BAD_WEIGHT
     else:
         weights = np.ones(n, np.float32)
+    n_fields = len(spec.fields)
+    cnt = np.empty((n_fields + len(spec.crosses), n), np.int32)  # part i's counts: row i
+    ids_cap, vals_cap = _capacity(spec, col, n)
+    ids_out, vals_out = Flat(np.int64, ids_cap), Flat(np.float32, vals_cap)  # the parts' ids and values, in part order
     parts: list[Part] = []
-    named: dict[str, Part] = {}
-    for f in spec.fields:
-        p = PARTS[f.kind](f, col[f.name], field_seed(f, seed), mask)
+    named: dict[str, int] = {}
+    for i, f in enumerate(spec.fields):
+        p = PARTS[f.kind](f, col[f.name], field_seed(f, seed), mask, Out(cnt[i], ids_out, vals_out))
         if p.bad is not None:
-            status[(status == 0) & (p.bad != 0)] = p.bad[(status == 0) & (p.bad != 0)]
+            _first_reason(status, p.bad)
         parts.append(p)
-        named[f.name] = p
+        named[f.name] = i
+    if spec.crosses:
+        crosses = np.full((len(spec.crosses), 3), -1, np.int64)
+        for j, c in enumerate(spec.crosses):
+            crosses[j, : len(c)] = [named[x] for x in c]
+        _projected_too_many(cnt, n_fields, crosses, spec.max_row_features, status)
+        row_ok = status == 0
+        for j, c in enumerate(spec.crosses):
+            p = cross_part([parts[named[x]] for x in c], row_ok, seed, mask)
+            if p.vals is not None and not np.isfinite(p.vals).all():  # a product beyond float32
+                rows_of = np.repeat(np.arange(n), p.cnt)
+                hit = np.zeros(n, np.bool_)
+                hit[rows_of[~np.isfinite(p.vals)]] = True
+                status[hit & row_ok] = BAD_NUMERIC
+            parts.append(Out(cnt[n_fields + j], ids_out, vals_out).part(p.cnt, p.ids, p.vals, (p.data, p.off, p.index), None))
+    # without crosses the projected count is the count (sums of int32 counts are exact in float64)
+    nnz = _count_rows(cnt, spec.max_row_features, status)
     row_ok = status == 0
-    projected = np.zeros(n, np.float64)  # every token the row would have, crosses counted before they are built
-    for p in parts:
-        projected += p.cnt
-    for c in spec.crosses:
-        projected += np.prod(np.stack([named[x].cnt.astype(np.float64) for x in c]), axis=0)
-    status[row_ok & (projected > spec.max_row_features)] = TOO_MANY
-    row_ok = status == 0
-    for c in spec.crosses:
-        p = cross_part([named[x] for x in c], row_ok, seed, mask)
-        if p.vals is not None and not np.isfinite(p.vals).all():  # a product beyond float32
-            rows_of = np.repeat(np.arange(n), p.cnt)
-            hit = np.zeros(n, np.bool_)
-            hit[rows_of[~np.isfinite(p.vals)]] = True
-            status[hit & row_ok] = BAD_NUMERIC
-        parts.append(p)
-    row_ok = status == 0
-    counts = np.zeros(n, np.int64)
-    for p in parts:
-        counts += p.cnt
-    too_many = row_ok & (counts > spec.max_row_features)
-    status[too_many] = TOO_MANY
-    row_ok = status == 0
-    cnt = np.stack([p.cnt for p in parts]) if parts else np.zeros((0, n), np.int32)
-    ids = np.concatenate([p.ids for p in parts] + [np.zeros(0, np.int64)]).astype(np.int64, copy=False)
+    ids = ids_out.array()
     istart = np.zeros(len(parts), np.int64)
     np.cumsum([p.ids.shape[0] for p in parts[:-1]], out=istart[1:])
     tables = np.concatenate([p.index for p in parts] + [np.zeros(0, np.int64)]).astype(np.int64, copy=False)
     tstart = np.zeros(len(parts), np.int64)
     np.cumsum([p.index.shape[0] for p in parts[:-1]], out=tstart[1:])
-    with_vals = [p.vals for p in parts if p.vals is not None]
-    vals = np.concatenate(with_vals + [np.zeros(0, np.float32)]).astype(np.float32, copy=False)
+    vals = vals_out.array()
     sizes = np.array([p.vals.shape[0] if p.vals is not None else 0 for p in parts], np.int64)
     vstart = np.where([p.vals is not None for p in parts], np.cumsum(sizes) - sizes, -1).astype(np.int64)
     keep = np.flatnonzero(row_ok)
-    nnz = int(counts[keep].sum())
     out_ptr = np.zeros(keep.shape[0] + 1, np.int64)
     idx = np.empty(max(nnz, 1), np.int32)
     val = np.empty(max(nnz, 1), np.float32)
@@ -385,7 +455,7 @@ def featurize_batch(spec: TableSpec, bits: int, seed: int, batch: pa.RecordBatch
     if groups is not None:
         _lower_groups(seen, tables, tstart, groups)
     idx, val = idx[:w], val[:w]
-    if not np.isfinite(val).all():  # a summed value beyond float32: the row is bad after all
+    if not _all_finite(val):  # a summed value beyond float32: the row is bad after all
         lens = np.diff(out_ptr)
         bad_row = np.zeros(keep.shape[0], np.bool_)
         bad_row[np.repeat(np.arange(keep.shape[0]), lens)[~np.isfinite(val)]] = True

@@ -77,8 +77,10 @@ def reference(spec: TableSpec, bits: int, seed: int, rec: dict):
     return "ok", y, w, idx, vals
 
 
-def check_batch(spec: TableSpec, bits: int, seed: int, records: list[dict], types: dict) -> dict:
-    batch = pa.RecordBatch.from_pylist(records, pa.schema([pa.field(k, types[k]) for k in records[0]]))
+def check_batch(spec: TableSpec, bits: int, seed: int, records: list[dict], types: dict, offset: int = 0) -> dict:
+    """The kernel against the reference on ``records`` (from ``offset`` on: a slice of the batch,
+    as readers that cut a table into batches hand it over)."""
+    batch = pa.RecordBatch.from_pylist(records, pa.schema([pa.field(k, types[k]) for k in records[0]])).slice(offset)
     rows = featurize_batch(spec, bits, seed, batch)
     k = 0
     reasons: dict[str, int] = {}
@@ -116,10 +118,11 @@ def test_every_reason_on_a_fixed_batch():
         pick([0, 1, 5, -1, -4, None]), pick([1.0, 0.25, float("inf"), None]), pick(["a.com", "b", "", None, "ü"]),
         pick([1, 2, None]), pick([True, False, None]), pick([dt.date(2026, 1, 1), None]),
         pick([0.0, 1.5, float("nan"), None]), pick([0, 3, 1000, None]), pick([0.1, 0.7, 9.0, None]),
-        pick([["s1"], ["a", "b", "c", "d"], [], None]), pick([[("k1", 1.0)], [("k", float("-inf"))], [("a", 1.0), ("b", 2.0), ("c", 3.0)]]),
+        pick([["s1"], ["a", "b", "c", "d"], [], None]), pick([[("k1", 1.0)], [("k", float("-inf"))], [("a", 1.0), ("b", 2.0), ("c", 3.0)], None]),
         pick([[1, 2, 3], [], None]), strict=True)]
     reasons = check_batch(SPEC, 16, 3, recs, TYPES)
     assert {"ok", "bad_label", "bad_weight", "bad_numeric", "too_many_features"} <= set(reasons)
+    check_batch(SPEC, 16, 3, recs, TYPES, offset=37)  # a slice: every column's buffers start inside
 
 
 def test_dictionary_and_plain_columns_hash_alike():
