@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import struct as _struct
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -131,35 +132,39 @@ class RowsWriter:
         n_stored = stored.size if isinstance(stored, pa.Buffer) else len(stored)
         return len(header) + len(raw), len(header) + n_stored
 
-    def _chunk(self, path, ptype, encoding, pages, n_values, stats) -> list:
-        """Write a column chunk's pages ((body, entries) pairs); its ColumnChunk fields."""
+    def _chunk(self, path, ptype, encoding, pages, stats=None) -> tuple[list, int, int]:
+        """Write a column chunk's pages, as ``pages`` makes them ((body, level entries, null
+        entries) each: one page in memory at a time); its ColumnChunk fields and (uncompressed,
+        stored) bytes. ``stats(nulls)``: the chunk's Statistics fields (None: none)."""
         start = self._pos
-        unc = comp = 0
-        for body, entries in pages:
+        unc = comp = n_values = nulls = 0
+        for body, entries, z in pages:
             u, c = self._page(body, entries, encoding)
-            unc += u
-            comp += c
+            unc, comp, n_values, nulls = unc + u, comp + c, n_values + entries, nulls + z
         encs = sorted({ENC_RLE, encoding}) if len(path) > 1 else [encoding]
         meta = [(1, tc.I32, ptype), (2, tc.LIST, (tc.I32, encs)), (3, tc.LIST, (tc.BIN, list(path))),
                 (4, tc.I32, self.codec), (5, tc.I64, n_values), (6, tc.I64, unc), (7, tc.I64, comp),
-                (9, tc.I64, start), (12, tc.STRUCT, stats)]
+                (9, tc.I64, start), (12, tc.STRUCT, None if stats is None else stats(nulls))]
         return [(2, tc.I64, start), (3, tc.STRUCT, meta)], unc, comp
 
     @staticmethod
-    def _scalar_stats(x: np.ndarray, dtype: str) -> list | None:
+    def _stats(x: np.ndarray, dtype: str):
+        """Statistics of values ``x``: min and max (legacy and typed fields), the null count."""
         if x.shape[0] == 0:
-            return [(3, tc.I64, 0)]
+            return lambda nulls: [(3, tc.I64, nulls)]
         lo, hi = _stat_bytes(x.min(), dtype, True), _stat_bytes(x.max(), dtype, False)
-        return [(1, tc.BIN, hi), (2, tc.BIN, lo), (3, tc.I64, 0), (5, tc.BIN, hi), (6, tc.BIN, lo)]
+        return lambda nulls: [(1, tc.BIN, hi), (2, tc.BIN, lo), (3, tc.I64, nulls), (5, tc.BIN, hi), (6, tc.BIN, lo)]
 
-    def _scalar_pages(self, x: np.ndarray) -> list:
+    @staticmethod
+    def _scalar_pages(x: np.ndarray) -> Iterator[tuple[np.ndarray, int, int]]:
         per = max(PAGE_BYTES // x.dtype.itemsize, 1)
-        return [(x[a : a + per], min(per, x.shape[0] - a)) for a in range(0, max(x.shape[0], 1), per)]
+        for a in range(0, max(x.shape[0], 1), per):
+            yield x[a : a + per], min(per, x.shape[0] - a), 0
 
     def _list_pages(self, indptr: np.ndarray, present: np.ndarray, flat: np.ndarray, vptr: np.ndarray,
-                    max_def: int, split: bool) -> tuple[list, int, int]:
-        """Pages of a list column: rows cut where a page's values reach PAGE_BYTES; (pages,
-        level entries, null entries). ``vptr``: each row's first value in ``flat``."""
+                    max_def: int, split: bool) -> Iterator[tuple[np.ndarray, int, int]]:
+        """Pages of a list column, rows cut where a page's values reach PAGE_BYTES: (body, level
+        entries, null entries) each. ``vptr``: each row's first value in ``flat``."""
         n = indptr.shape[0] - 1
         lens = np.diff(indptr)
         per = PAGE_BYTES // flat.dtype.itemsize
@@ -168,9 +173,6 @@ class RowsWriter:
             a = cuts[-1]
             b = int(np.searchsorted(vptr, vptr[a] + per, side="right")) - 1
             cuts.append(min(max(b, a + 1), n))
-        if split and flat.dtype.itemsize != 4:
-            raise ValueError(f"BYTE_STREAM_SPLIT of {flat.dtype}: only 4-byte values are written split")
-        pages, entries, nulls = [], 0, 0
         for a, b in zip(cuts[:-1], cuts[1:], strict=True):
             cap = 2 * MAX_RUN_BYTES * (b - a) + 8
             rep = np.empty(cap, np.uint8)
@@ -187,10 +189,7 @@ class RowsWriter:
                 byte_stream_split4(vals.view(np.uint8), out)
             else:
                 out[...] = vals.view(np.uint8)
-            pages.append((body, k))
-            entries += k
-            nulls += z
-        return pages, entries, nulls
+            yield body, k, z
 
     def write_group(self, labels, weights, indptr, indices, multi, multi_values, times=None) -> None:
         """One row group: ``indices`` per row as ``indptr`` says; ``multi_values`` the values of
@@ -202,33 +201,24 @@ class RowsWriter:
         weights = np.ascontiguousarray(weights, "<f4")
         indptr = np.asarray(indptr, np.int64)
         indices = np.ascontiguousarray(indices, "<i4")
-        cols, total_unc, total_comp = [], 0, 0
-        for name, x in (("label", labels), ("weight", weights)):
-            c, u, k = self._chunk((name,), T_FLOAT, ENC_PLAIN, self._scalar_pages(x), n, self._scalar_stats(x, "<f4"))
-            cols.append(c)
-            total_unc, total_comp = total_unc + u, total_comp + k
-        all_rows = np.ones(n, np.bool_)
-        pages, entries, nulls = self._list_pages(indptr, all_rows, indices, indptr, 1, self._index_encoding == ENC_BSS)
-        st = self._scalar_stats(indices, "<i4")
-        st = [(f, t, (nulls if f == 3 else v)) for f, t, v in st]
-        c, u, k = self._chunk(("indices", "list", "element"), T_INT32, self._index_encoding, pages, entries, st)
-        cols.append(c)
-        total_unc, total_comp = total_unc + u, total_comp + k
+        split = self._index_encoding == ENC_BSS  # of 4-byte values (byte_stream_split4)
         multi = np.asarray(multi, np.bool_)
         vptr = np.zeros(n + 1, np.int64)
         np.cumsum(np.where(multi, np.diff(indptr), 0), out=vptr[1:])
         flat = np.ascontiguousarray(multi_values, "<f4")
         if flat.shape[0] != vptr[-1]:
             raise ValueError(f"{flat.shape[0]} values for multi rows of {int(vptr[-1])} indices")
-        pages, entries, _ = self._list_pages(vptr, multi, flat, vptr, 2, False)
-        c, u, k = self._chunk(("values", "list", "element"), T_FLOAT, ENC_PLAIN, pages, entries, None)
-        cols.append(c)
-        total_unc, total_comp = total_unc + u, total_comp + k
+        chunks = [
+            self._chunk(("label",), T_FLOAT, ENC_PLAIN, self._scalar_pages(labels), self._stats(labels, "<f4")),
+            self._chunk(("weight",), T_FLOAT, ENC_PLAIN, self._scalar_pages(weights), self._stats(weights, "<f4")),
+            self._chunk(("indices", "list", "element"), T_INT32, self._index_encoding,
+                        self._list_pages(indptr, np.ones(n, np.bool_), indices, indptr, 1, split), self._stats(indices, "<i4")),
+            self._chunk(("values", "list", "element"), T_FLOAT, ENC_PLAIN, self._list_pages(vptr, multi, flat, vptr, 2, False)),
+        ]
         if times is not None:
-            t = np.ascontiguousarray(times, "<i8")
-            c, u, k = self._chunk(("time",), T_INT64, ENC_PLAIN, self._scalar_pages(t), n, None)
-            cols.append(c)
-            total_unc, total_comp = total_unc + u, total_comp + k
+            chunks.append(self._chunk(("time",), T_INT64, ENC_PLAIN, self._scalar_pages(np.ascontiguousarray(times, "<i8"))))
+        cols = [c for c, _, _ in chunks]
+        total_unc, total_comp = sum(u for _, u, _ in chunks), sum(k for _, _, k in chunks)
         first = cols[0][0][2]
         self._groups.append([(1, tc.LIST, (tc.STRUCT, cols)), (2, tc.I64, total_unc), (3, tc.I64, n),
                              (5, tc.I64, first), (6, tc.I64, total_comp)])

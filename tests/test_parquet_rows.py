@@ -74,7 +74,7 @@ def _groups(seed=0):
 @pytest.mark.parametrize("encoding", ["byte_stream_split", "plain"])
 @pytest.mark.parametrize("timed", [False, True])
 def test_the_files_read_as_pyarrows_with_the_same_metadata(tmp_path, monkeypatch, compression, encoding, timed):
-    monkeypatch.setattr(parquet_rows, "PAGE_BYTES", 4096)  # many pages, rows longer than a page
+    monkeypatch.setattr(parquet_rows, "PAGE_BYTES", 2048)  # many pages; rows of up to 700 values (2800 bytes) longer than one
     groups = _groups()
     ours, ref = tmp_path / "ours.parquet", tmp_path / "ref.parquet"
     _ours(ours, groups, compression, encoding, timed)
