@@ -243,6 +243,8 @@ class RowsWriter:
 def multi_values_of(indptr: np.ndarray, values: np.ndarray, multi: np.ndarray) -> np.ndarray:
     """The values of the ``multi`` rows, row after row (what the ``values`` column stores): a
     new array, never a view of ``values``."""
+    if not multi.any():
+        return np.zeros(0, np.float32)
     if multi.all():
         return np.array(values[: int(indptr[-1])], np.float32)
     return values[: int(indptr[-1])][np.repeat(multi, np.diff(indptr))].astype(np.float32, copy=False)
