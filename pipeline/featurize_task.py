@@ -247,8 +247,9 @@ def run_task(task_index: int, pieces: list[Piece], spec: FeatureSpec, opts: Task
     ``cpu_seconds`` is the task's CPU time (this process's) and ``phases`` its split over
     :data:`PHASES`: setup (parser, writer), read (reading and decompressing blocks), parse (the
     kernel: validate, tokenize, hash, sort rows), rows (bad lines, sampling, counts, the
-    rows kept for the writer), write (Parquet encoding, compression and output: ``pipeline.parquet_rows``), finish (quarantine, group map,
-    token dictionary). The driver logs them; they are not part of the manifest."""
+    rows kept for the writer), write (``pipeline.parquet_rows``: Parquet encoding, compression
+    and output), finish (quarantine, group map, token dictionary). The driver logs them; they
+    are not part of the manifest."""
     t0 = time.perf_counter()
     clock = time.process_time
     c0 = clock()
