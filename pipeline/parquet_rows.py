@@ -34,6 +34,7 @@ try:
 except ImportError:  # pragma: no cover - isal is a dependency; zlib's CRC-32 is the same number
     from zlib import crc32
 
+
 def _version() -> str:
     try:
         return importlib.metadata.version("terascale")
@@ -89,9 +90,8 @@ def _schema_elements(timed: bool) -> list:
 class RowsWriter:
     """Row groups of featurized rows into one Parquet file on a pyarrow filesystem.
 
-    ``write_group(labels, weights, indptr, indices, values, multi, times)`` writes one row group
-    (``values`` hold one value per index; a row's values are written only where ``multi``);
-    ``close()`` writes the footer. A file whose writer was not closed has no footer and reads
+    ``write_group(labels, weights, indptr, indices, multi, multi_values, times)`` writes one row
+    group (a row's values only where ``multi``: null elsewhere); ``close()`` writes the footer. A file whose writer was not closed has no footer and reads
     as no Parquet file."""
 
     def __init__(self, fs, inner: str, compression: str, encoding: str = "byte_stream_split", timed: bool = False,
@@ -120,16 +120,16 @@ class RowsWriter:
         bytes with the header."""
         raw = memoryview(body).cast("B") if not isinstance(body, bytes) else body
         stored = raw if self._arrow_codec is None else pa.compress(raw, codec=self._arrow_codec, asbytes=False)
+        n_stored = len(stored)  # bytes (a memoryview of bytes, or a pyarrow Buffer)
         header = tc.struct([
             (1, tc.I32, 0),  # DATA_PAGE
             (2, tc.I32, len(raw)),
-            (3, tc.I32, stored.size if isinstance(stored, pa.Buffer) else len(stored)),
+            (3, tc.I32, n_stored),
             (4, tc.I32, _signed32(crc32(stored) & 0xFFFFFFFF)),
             (5, tc.STRUCT, [(1, tc.I32, n_entries), (2, tc.I32, encoding), (3, tc.I32, ENC_RLE), (4, tc.I32, ENC_RLE)]),
         ])
         self._write(header)
         self._write(stored)
-        n_stored = stored.size if isinstance(stored, pa.Buffer) else len(stored)
         return len(header) + len(raw), len(header) + n_stored
 
     def _chunk(self, path, ptype, encoding, pages, stats=None) -> tuple[list, int, int]:
