@@ -32,7 +32,7 @@ demo: $(STAMP)
 # then, and the DAG's spark-submit jobs load them instead of compiling them (a failing suite
 # still runs them; make fails when either fails).
 test: $(STAMP) $(AIRFLOW_STAMP) dist
-	TERASCALE_DIST=$(abspath dist) $(PY) -m pytest -q tests; rc=$$?; \
+	TERASCALE_DIST=$(abspath dist) $(PY) -m pytest -q --durations=30 tests; rc=$$?; \
 	$(MAKE) --no-print-directory test-airflow || rc=1; exit $$rc
 
 # Spark lines (docs/pages/how-to/spark-versions.md): `make test` runs on the newest pyspark that
