@@ -160,13 +160,15 @@ TILE_ROWS = 1024  # rows assembled together: their entries (about 12 bytes each)
 
 
 @njit(cache=True)
-def _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, out_ptr, out_idx, out_val, out_multi, seen):
+def _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, tokens, out_ptr, out_idx, out_val, out_multi,
+              seen):
     """The good rows, compacted: row r takes part p's next cnt[p, r] token ids from ``ids``
     (part p's from ``istart[p]``), each the hashed index ``tables[tstart[p] + id]``, and its
     values from ``vals`` at ``vstart[p]`` (1 when that is -1), in part order. The entries are
     sorted by index (stable: equal indices keep token order) and merged (values summed in
-    float64 in token order, then float32). ``seen[tstart[p] + id]`` is set for every token of a
-    good row. Returns the non-zeros written.
+    float64 in token order, then float32). ``tokens[r]``: row r's entries (0 for a bad row, as
+    ``_count_rows`` writes them). ``seen[tstart[p] + id]`` is set for every token of a good row.
+    Returns the non-zeros written.
 
     Rows go in tiles of TILE_ROWS: part by part, each tile's entries are gathered into a buffer
     as large as the largest tile's entries (one part's token table is read at a time, and the
@@ -175,12 +177,7 @@ def _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, out_ptr, o
     n_parts, n = cnt.shape
     t_cap = 0
     for a in range(0, n, TILE_ROWS):
-        s = 0
-        for r in range(a, min(a + TILE_ROWS, n)):
-            if row_ok[r]:
-                for p in range(n_parts):
-                    s += cnt[p, r]
-        t_cap = max(t_cap, s)
+        t_cap = max(t_cap, tokens[a : min(a + TILE_ROWS, n)].sum())
     bi = np.empty(max(t_cap, RANK_SORT_MAX), np.int64)  # a row's entries: at most its tile's
     key = np.empty(max(t_cap, RANK_SORT_MAX) + 8, np.int64)
     srt = np.empty(max(t_cap, RANK_SORT_MAX), np.int64)
@@ -196,11 +193,7 @@ def _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, out_ptr, o
         b = min(a + TILE_ROWS, n)
         start[0] = 0
         for r in range(a, b):
-            c = 0
-            if row_ok[r]:
-                for p in range(n_parts):
-                    c += cnt[p, r]
-            start[r - a + 1] = start[r - a] + c
+            start[r - a + 1] = start[r - a] + tokens[r]
             cur[r - a] = start[r - a]
         for p in range(n_parts):
             i = ci[p]
@@ -343,11 +336,12 @@ def _projected_too_many(cnt, n_fields, crosses, limit, status):
 
 
 @njit(cache=True)
-def _count_rows(cnt, limit, status):
+def _count_rows(cnt, limit, status, tokens):
     """status[r] = TOO_MANY for each row without a reason with more than ``limit`` tokens (all
-    parts); returns the tokens of the rows left without a reason."""
+    parts); tokens[r] = the row's tokens, 0 for a row with a reason; returns their sum."""
     total = 0
     for r in range(status.shape[0]):
+        tokens[r] = 0
         if status[r] != 0:
             continue
         c = 0
@@ -356,6 +350,7 @@ def _count_rows(cnt, limit, status):
         if c > limit:
             status[r] = TOO_MANY
         else:
+            tokens[r] = c
             total += c
     return total
 
@@ -433,7 +428,8 @@ def featurize_batch(spec: TableSpec, bits: int, seed: int, batch: pa.RecordBatch
                 status[hit & row_ok] = BAD_NUMERIC
             parts.append(Out(cnt[n_fields + j], ids_out, vals_out).part(p.cnt, p.ids, p.vals, (p.data, p.off, p.index), None))
     # without crosses the projected count is the count (sums of int32 counts are exact in float64)
-    nnz = _count_rows(cnt, spec.max_row_features, status)
+    tokens = np.empty(n, np.int64)
+    nnz = _count_rows(cnt, spec.max_row_features, status, tokens)
     row_ok = status == 0
     ids = ids_out.array()
     istart = np.zeros(len(parts), np.int64)
@@ -451,7 +447,7 @@ def featurize_batch(spec: TableSpec, bits: int, seed: int, batch: pa.RecordBatch
     multi = np.zeros(keep.shape[0], np.bool_)
     seen = np.zeros(tables.shape[0], np.bool_)
     with np.errstate(over="ignore"):
-        w = _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, out_ptr, idx, val, multi, seen)
+        w = _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, tokens, out_ptr, idx, val, multi, seen)
     if groups is not None:
         _lower_groups(seen, tables, tstart, groups)
     idx, val = idx[:w], val[:w]
