@@ -262,10 +262,10 @@ def read_piece(piece: TablePiece, opts: ReadOptions) -> Iterator[tuple[int, pa.R
             if keep:
                 pf = pq.ParquetFile(fh, read_dictionary=keep)
             row = piece.first_row
-            for b in pf.iter_batches(batch_size=opts.batch_rows, row_groups=range(piece.first, piece.first + piece.count),
-                                     columns=cols, use_threads=False):
-                yield row, b
-                row += b.num_rows
+            for g in range(piece.first, piece.first + piece.count):  # a batch within one row group (its dictionaries)
+                for b in pf.iter_batches(batch_size=opts.batch_rows, row_groups=[g], columns=cols, use_threads=False):
+                    yield row, b
+                    row += b.num_rows
         return
     if piece.fmt == "orc":
         with fs.open_input_file(inner) as fh:
@@ -288,8 +288,8 @@ def read_piece(piece: TablePiece, opts: ReadOptions) -> Iterator[tuple[int, pa.R
 
 
 def _small_dictionaries(pf: pq.ParquetFile, row_group: int, cols: list[str], batch_rows: int) -> list[str]:
-    """The string columns to read as dictionaries: those whose dictionary page (in the piece's
-    first row group) is small beside a batch. pyarrow hands every batch the column chunk's whole
+    """The string columns (and lists of strings, by their leaf's path) to read as dictionaries:
+    those whose dictionary page (in the piece's first row group) is small beside a batch. pyarrow hands every batch the column chunk's whole
     dictionary, so a large one (10^6 ids) would be copied and hashed per batch; such a column is
     read as strings and each batch's distinct values are found by the kernel instead."""
     schema, md = pf.schema_arrow, pf.metadata
@@ -300,14 +300,19 @@ def _small_dictionaries(pf: pq.ParquetFile, row_group: int, cols: list[str], bat
     out = []
     for i in range(rg.num_columns):
         c = rg.column(i)
-        name = c.path_in_schema
-        if name not in cols or name not in schema.names:
+        path = c.path_in_schema  # a list column's leaf: "segs.list.element"
+        name = path.split(".", 1)[0]
+        if name not in cols or name not in schema.names or not c.has_dictionary_page:
             continue
         t = schema.field(name).type
-        if not (pa.types.is_string(t) or pa.types.is_large_string(t)) or not c.has_dictionary_page:
+        if path != name:  # a list of strings is read as a list of dictionary entries
+            if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or path.count(".") != 2:
+                continue
+            t = t.value_type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
             continue
         if c.data_page_offset - c.dictionary_page_offset <= limit:
-            out.append(name)
+            out.append(path)
     return out
 
 
