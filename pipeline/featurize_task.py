@@ -165,10 +165,11 @@ class TaskOutput:
         self.quarantine.add(src, line, offset, reason, length, raw)
         stats["quarantined"][reason] = stats["quarantined"].get(reason, 0) + 1
 
-    def add(self, stats: dict, labels, indptr, indices, values, multi, weights, times=None) -> None:
+    def add(self, stats: dict, labels, indptr, indices, values, multi, weights, times=None, owned: bool = False) -> None:
         """Count and keep rows (arrays the batch may keep: ``labels``, ``indices``, ``weights``,
-        ``times``: int64, given exactly when the output is ``timed``); ``flush(full_only=True)``
-        writes them once they fill a row group."""
+        ``times``: int64, given exactly when the output is ``timed``; with ``owned`` all of them,
+        none a buffer the caller reuses); ``flush(full_only=True)`` writes them once they fill a
+        row group."""
         if (times is not None) != self.timed:
             raise ValueError("rows' times are given exactly when the output is timed")
         n_rows = labels.shape[0]
@@ -184,9 +185,13 @@ class TaskOutput:
         t["positives"] += float(labels.sum(dtype=np.float64))
         t["weight_sum"] += float(weights.sum(dtype=np.float64))
         t["multi_rows"] += int(multi.sum())
-        m = np.array(multi, np.bool_)  # copies: the parser reuses its buffers
-        ptr = np.asarray(indptr, np.int64)
-        self._pending.append((labels, weights, ptr.copy(), indices, m, parquet_rows.multi_values_of(ptr, values, m), times))
+        keep = np.asarray if owned else np.array  # copies: the text parsers reuse their buffers
+        m, ptr = keep(multi, np.bool_), keep(indptr, np.int64)
+        if owned and m.all():  # every value is kept, in place
+            mvals = np.asarray(values[: int(ptr[-1])], np.float32)
+        else:
+            mvals = parquet_rows.multi_values_of(ptr, values, m)
+        self._pending.append((labels, weights, ptr, indices, m, mvals, times))
         if times is not None:
             self._times.append(time_split.task_points(times))
         self._pending_rows += n_rows
@@ -200,6 +205,12 @@ class TaskOutput:
             self._writer.write_group(*_concat(self._pending))
             self.phases["write"] += time.process_time() - c
         self._pending, self._pending_rows = [], 0
+
+    def make_room(self, n_rows: int) -> None:
+        """Write the kept rows first when ``n_rows`` more would overflow a row group: batches as
+        large as a row group are then written as they come, not concatenated."""
+        if self._pending and self._pending_rows + n_rows > self.opts.row_group_rows:
+            self.flush()
 
     def fail_if_drilled(self, task_index: int) -> None:
         """The featurize.inject_fail_task drill: fail once part of the output is written."""

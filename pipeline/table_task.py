@@ -136,8 +136,11 @@ def run_table_task(task_index: int, batches: Iterable[tuple[str, int, pa.RecordB
                 labels, weights, multi = labels[keep], weights[keep], multi[keep]
                 times = None if times is None else times[keep]
             weights = (weights * sampling.row_weights(labels, opts.negative_rate)).astype(np.float32, copy=False)
-            out.add(stats, labels, indptr, indices, values, multi, weights, times)
             phases["rows"] += clock() - c1
+            out.make_room(labels.shape[0])  # (a write: its own phase)
+            c = clock()
+            out.add(stats, labels, indptr, indices, values, multi, weights, times, owned=True)  # the kernel's own arrays
+            phases["rows"] += clock() - c
             out.flush(full_only=True)
             out.fail_if_drilled(task_index)
         out.flush()
