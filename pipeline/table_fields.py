@@ -76,7 +76,7 @@ class Flat:
 @dataclass
 class Out:
     """Where a part writes: ``cnt`` its row of the batch's counts (int32, one per row), ``ids``
-    and ``vals`` the batch's flat int64 ids and float32 values."""
+    and ``vals`` the batch's flat int32 ids and float32 values."""
 
     cnt: np.ndarray
     ids: Flat
@@ -85,6 +85,8 @@ class Out:
     def part(self, cnt: np.ndarray, ids: np.ndarray, vals: np.ndarray | None, table: tuple, bad: np.ndarray | None
              ) -> Part:
         """The Part of arrays computed elsewhere, copied into this output."""
+        if ids.shape[0] and ids.max() >= np.iinfo(self.ids.buf.dtype).max:
+            raise ValueError("a field or cross with too many distinct tokens in one batch; use smaller batches")
         self.cnt[:] = cnt
         return Part(self.cnt, self.ids.append(ids), None if vals is None else self.vals.append(vals), *table, bad)
 

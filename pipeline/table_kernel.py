@@ -139,15 +139,16 @@ RANK_SORT_MAX = 64  # rows up to this many entries sort by branch-free ranking, 
 
 
 @njit(cache=True)  # not inlined: LLVM vectorizes the ranking loop only in its own function
-def _rank_sort(bi, m, key, srt):
+def _rank_sort(bi, m, key, srt, pad):
     """srt[:m] = the positions of bi[:m] in stable ascending order (m <= RANK_SORT_MAX): each
-    entry's rank is the number of smaller keys index << 6 | position (unique), padded to a
-    multiple of 8 lanes, branch-free."""
-    mm = (m + 7) & ~7
+    entry's rank is the number of smaller keys index << 6 | position (unique), padded with
+    ``pad`` (the keys' largest value) to a multiple of 16 lanes, branch-free. ``key``: int32
+    when the indices fit 25 bits (twice the lanes of int64), else int64."""
+    mm = (m + 15) & ~15
     for j in range(m):
-        key[j] = (bi[j] << 6) | j
+        key[j] = (np.int64(bi[j]) << 6) | j
     for j in range(m, mm):
-        key[j] = np.int64(1) << 62
+        key[j] = pad
     for i in range(m):
         ki = key[i]
         rank = 0
@@ -161,14 +162,15 @@ TILE_ROWS = 1024  # rows assembled together: their entries (about 12 bytes each)
 
 @njit(cache=True)
 def _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, tokens, out_ptr, out_idx, out_val, out_multi,
-              seen):
+              seen, key, pad):
     """The good rows, compacted: row r takes part p's next cnt[p, r] token ids from ``ids``
     (part p's from ``istart[p]``), each the hashed index ``tables[tstart[p] + id]``, and its
     values from ``vals`` at ``vstart[p]`` (1 when that is -1), in part order. The entries are
     sorted by index (stable: equal indices keep token order) and merged (values summed in
     float64 in token order, then float32). ``tokens[r]``: row r's entries (0 for a bad row, as
     ``_count_rows`` writes them). ``seen[tstart[p] + id]`` is set for every token of a good row.
-    Returns the non-zeros written.
+    Returns the non-zeros written. ``key`` (RANK_SORT_MAX + 16 entries) and ``pad``: the
+    ranking's keys and their largest value (``_rank_sort``).
 
     Rows go in tiles of TILE_ROWS: part by part, each tile's entries are gathered into a buffer
     as large as the largest tile's entries (one part's token table is read at a time, and the
@@ -178,10 +180,9 @@ def _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, tokens, ou
     t_cap = 0
     for a in range(0, n, TILE_ROWS):
         t_cap = max(t_cap, tokens[a : min(a + TILE_ROWS, n)].sum())
-    bi = np.empty(max(t_cap, RANK_SORT_MAX), np.int64)  # a row's entries: at most its tile's
-    key = np.empty(max(t_cap, RANK_SORT_MAX) + 8, np.int64)
+    bi = np.empty(max(t_cap, RANK_SORT_MAX), np.int32)  # a row's entries: at most its tile's
     srt = np.empty(max(t_cap, RANK_SORT_MAX), np.int64)
-    tile_idx = np.empty(max(t_cap, 1), np.int64)
+    tile_idx = np.empty(max(t_cap, 1), np.int32)
     tile_val = np.empty(max(t_cap, 1), np.float32)
     start = np.empty(TILE_ROWS + 1, np.int64)
     cur = np.empty(TILE_ROWS, np.int64)
@@ -229,12 +230,27 @@ def _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, tokens, ou
             if m <= RANK_SORT_MAX:
                 # rank of each entry = entries smaller, ties broken by position (stable): unique keys
                 # index << 6 | position, padded to a multiple of 8 lanes; branch-free, vectorizes
-                _rank_sort(bi, m, key, srt)
+                _rank_sort(bi, m, key, srt, pad)
             else:
                 order = np.argsort(bi[:m], kind="mergesort")
                 for j in range(m):
                     srt[j] = order[j]
+            dup = False
+            for j in range(1, m):
+                dup |= bi[srt[j]] == bi[srt[j - 1]]
             multi = False
+            if not dup:  # the usual row: no index twice, nothing to sum
+                for j in range(m):
+                    q = srt[j]
+                    x = tile_val[s + q]
+                    out_idx[w + j] = bi[q]
+                    out_val[w + j] = x
+                    multi |= x != np.float32(1.0)
+                w += m
+                out_multi[k] = multi
+                k += 1
+                out_ptr[k] = w
+                continue
             j = 0
             while j < m:
                 q = srt[j]
@@ -338,20 +354,23 @@ def _projected_too_many(cnt, n_fields, crosses, limit, status):
 @njit(cache=True)
 def _count_rows(cnt, limit, status, tokens):
     """status[r] = TOO_MANY for each row without a reason with more than ``limit`` tokens (all
-    parts); tokens[r] = the row's tokens, 0 for a row with a reason; returns their sum."""
-    total = 0
-    for r in range(status.shape[0]):
+    parts); tokens[r] = the row's tokens, 0 for a row with a reason; returns their sum. The
+    counts are summed part by part (rows contiguous: the loop vectorizes)."""
+    n = status.shape[0]
+    for r in range(n):
         tokens[r] = 0
+    for p in range(cnt.shape[0]):
+        for r in range(n):
+            tokens[r] += cnt[p, r]
+    total = 0
+    for r in range(n):
         if status[r] != 0:
-            continue
-        c = 0
-        for p in range(cnt.shape[0]):
-            c += cnt[p, r]
-        if c > limit:
+            tokens[r] = 0
+        elif tokens[r] > limit:
             status[r] = TOO_MANY
+            tokens[r] = 0
         else:
-            tokens[r] = c
-            total += c
+            total += tokens[r]
     return total
 
 
@@ -404,7 +423,7 @@ def featurize_batch(spec: TableSpec, bits: int, seed: int, batch: pa.RecordBatch
     n_fields = len(spec.fields)
     cnt = np.empty((n_fields + len(spec.crosses), n), np.int32)  # part i's counts: row i
     ids_cap, vals_cap = _capacity(spec, col, n)
-    ids_out, vals_out = Flat(np.int64, ids_cap), Flat(np.float32, vals_cap)  # the parts' ids and values, in part order
+    ids_out, vals_out = Flat(np.int32, ids_cap), Flat(np.float32, vals_cap)  # the parts' ids and values, in part order
     parts: list[Part] = []
     named: dict[str, int] = {}
     for i, f in enumerate(spec.fields):
@@ -434,7 +453,7 @@ def featurize_batch(spec: TableSpec, bits: int, seed: int, batch: pa.RecordBatch
     ids = ids_out.array()
     istart = np.zeros(len(parts), np.int64)
     np.cumsum([p.ids.shape[0] for p in parts[:-1]], out=istart[1:])
-    tables = np.concatenate([p.index for p in parts] + [np.zeros(0, np.int64)]).astype(np.int64, copy=False)
+    tables = np.concatenate([p.index for p in parts] + [np.zeros(0, np.int64)]).astype(np.int32)  # indices < 2^31
     tstart = np.zeros(len(parts), np.int64)
     np.cumsum([p.index.shape[0] for p in parts[:-1]], out=tstart[1:])
     vals = vals_out.array()
@@ -446,8 +465,11 @@ def featurize_batch(spec: TableSpec, bits: int, seed: int, batch: pa.RecordBatch
     val = np.empty(max(nnz, 1), np.float32)
     multi = np.zeros(keep.shape[0], np.bool_)
     seen = np.zeros(tables.shape[0], np.bool_)
+    key_type = np.int32 if bits <= 25 else np.int64  # index << 6 | position fits
+    key = np.empty(RANK_SORT_MAX + 16, key_type)
     with np.errstate(over="ignore"):
-        w = _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, tokens, out_ptr, idx, val, multi, seen)
+        w = _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, tokens, out_ptr, idx, val, multi, seen,
+                      key, key_type(np.iinfo(key_type).max))
     if groups is not None:
         _lower_groups(seen, tables, tstart, groups)
     idx, val = idx[:w], val[:w]

@@ -101,7 +101,7 @@ def check_batch(spec: TableSpec, bits: int, seed: int, records: list[dict], type
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(RECORD, min_size=1, max_size=40), st.sampled_from([1, 6, 20]), st.integers(0, 2**32 - 1))
+@given(st.lists(RECORD, min_size=1, max_size=40), st.sampled_from([1, 6, 20, 28]), st.integers(0, 2**32 - 1))
 @example([{LABEL: 1, WEIGHT: 1.0, "site": "日本", "app": None, "flag": None, "day": None, "price": None, "cnt": None,
            "pb": None, "segs": [], "kv": [], "ids": None}], 20, 0)
 @example([{LABEL: 1, WEIGHT: 1.0, "site": "", "app": -(2**63), "flag": True, "day": dt.date(2026, 11, 27),
@@ -123,6 +123,20 @@ def test_every_reason_on_a_fixed_batch():
     reasons = check_batch(SPEC, 16, 3, recs, TYPES)
     assert {"ok", "bad_label", "bad_weight", "bad_numeric", "too_many_features"} <= set(reasons)
     check_batch(SPEC, 16, 3, recs, TYPES, offset=37)  # a slice: every column's buffers start inside
+
+
+@pytest.mark.parametrize("bits", [6, 20, 28])
+def test_long_rows_and_repeated_indices_equal_the_reference(bits):
+    """Rows longer than the ranking sort takes (RANK_SORT_MAX entries: merge sort), with and
+    without repeated indices, at indices narrower and wider than 25 bits (int32 and int64 keys)."""
+    spec = TableSpec(fields=parse_fields([{"name": "toks", "kind": "multi"}, {"name": "x", "kind": "numeric"}]),
+                     label=LABEL, max_row_features=1000)
+    rng = np.random.default_rng(bits)
+    recs = [{LABEL: int(rng.integers(0, 2)), WEIGHT: 1.0, "x": float(rng.normal()),
+             "toks": [f"t{v}" for v in rng.integers(0, 10 ** int(rng.integers(1, 4)), int(rng.integers(0, 200)))]}
+            for _ in range(300)]
+    types = {LABEL: pa.int64(), WEIGHT: pa.float64(), "toks": pa.list_(pa.string()), "x": pa.float64()}
+    check_batch(spec, bits, 11, recs, types)
 
 
 def test_dictionary_and_plain_columns_hash_alike():
