@@ -1,13 +1,23 @@
 """Creating (or joining) the Spark session a job runs in.
 
-Executor environment (:data:`EXECUTOR_ENV`, added unless the job's own Spark settings name the
-variable): ``NUMPY_MADVISE_HUGEPAGE=0``. Otherwise numpy advises the kernel to back every array
-of 4 MiB or more with transparent huge pages (``madvise(MADV_HUGEPAGE)``). Where THP's
-``defrag`` setting is ``madvise`` (a common default), the first touch of such memory then
-compacts memory synchronously, and on a node whose free memory is fragmented (a busy page
-cache) that stalls a task on every large array: a fresh Python worker pays it for its shard's
-CSR, the online table, the L-BFGS working table and every new buffer. The kernels prefetch the
-rows they gather, so 4 KiB pages do not slow them down (measurements: ``docs/pages/explanation/design-notes.md``).
+Executor environment (:data:`EXECUTOR_ENV`, each variable added unless the job's own Spark
+settings name it; measurements: ``docs/pages/explanation/design-notes.md``):
+
+- ``NUMPY_MADVISE_HUGEPAGE=0``. Otherwise numpy advises the kernel to back every array of 4 MiB
+  or more with transparent huge pages (``madvise(MADV_HUGEPAGE)``). Where THP's ``defrag``
+  setting is ``madvise`` (a common default), the first touch of such memory then compacts memory
+  synchronously, and on a node whose free memory is fragmented (a busy page cache) that stalls a
+  task on every large array: a fresh Python worker pays it for its shard's CSR, the online
+  table, the L-BFGS working table and every new buffer. The kernels prefetch the rows they
+  gather, so 4 KiB pages do not slow them down.
+- ``MALLOC_MMAP_THRESHOLD_=33554432``, ``MALLOC_TRIM_THRESHOLD_=268435456`` (glibc, numpy's
+  arrays) and ``MIMALLOC_PURGE_DELAY=-1`` (mimalloc, pyarrow's default pool on Linux): a worker
+  keeps the memory it freed for its next batch instead of handing it back to the kernel and
+  faulting it in again, 4 KiB page by page. A featurize batch allocates and frees some hundreds
+  of MiB (the read batch, the parts, the rows, the pages); returned and re-faulted each time,
+  that was about 40k page faults per million rows and a tenth of the task's time. Arrays over
+  32 MiB (a shard's CSR) are still mapped and unmapped whole; the worker's peak memory is
+  unchanged, it only stays resident at that peak.
 
 Cpus per task: the train job's barrier tasks each run ``train.threads`` threads. Local mode has no
 stage-level scheduling (``allreduce.spark.barrier_profile``), so a local session terascale starts
@@ -40,7 +50,12 @@ from terascale.pipeline.redact import redact_text, shown, spark_redaction_settin
 log = logging.getLogger("terascale")
 
 #: Environment of the executors' Python workers (see the module docstring).
-EXECUTOR_ENV = {"spark.executorEnv.NUMPY_MADVISE_HUGEPAGE": "0"}
+EXECUTOR_ENV = {
+    "spark.executorEnv.NUMPY_MADVISE_HUGEPAGE": "0",
+    "spark.executorEnv.MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+    "spark.executorEnv.MALLOC_TRIM_THRESHOLD_": str(256 << 20),
+    "spark.executorEnv.MIMALLOC_PURGE_DELAY": "-1",
+}
 
 
 def launched_by_spark_submit() -> bool:

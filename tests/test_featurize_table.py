@@ -220,3 +220,16 @@ def test_a_json_file_is_cut_into_line_ranges_and_numbers_its_lines(spark, logs, 
     want = [k + 1 + (2 if k >= 100 else 0) + (1 if k + (2 if k >= 100 else 0) >= 1500 else 0)
             for k, c in enumerate(parts[0]["clicks"].to_pylist()) if c == -2]
     assert sorted(bad_label) == want
+
+
+def test_python_workers_get_the_executor_environment(spark):
+    """jobs.session.EXECUTOR_ENV reaches the Python workers (local mode too): numpy's huge-page
+    advice off, and the allocators keeping freed memory for the next batch."""
+    import os
+
+    from terascale.jobs.session import EXECUTOR_ENV
+
+    names = [k.removeprefix("spark.executorEnv.") for k in EXECUTOR_ENV]
+    got = spark.sparkContext.parallelize([0], 1).map(lambda _: {n: os.environ.get(n) for n in names}).collect()[0]
+    assert got == {k.removeprefix("spark.executorEnv."): v for k, v in EXECUTOR_ENV.items()}
+    assert got["MIMALLOC_PURGE_DELAY"] == "-1" and int(got["MALLOC_TRIM_THRESHOLD_"]) >= 256 << 20
