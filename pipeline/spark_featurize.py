@@ -223,11 +223,16 @@ def collect_tasks(spark, out: str, run_id: str, items, task_fn, description: str
         raise FeaturizeError(f"featurize failed: {task_error_summary(e)}") from e
 
 
-def _merge_groups(spark, spec: FeatureSpec, results: list[dict]) -> np.ndarray | None:
-    """The elementwise minimum of the tasks' group maps, computed on the executors.
+DRIVER_MERGE_BYTES = 64 << 20  # group maps this large in all are merged on the driver
 
-    Each of at most ``parallelism`` tasks reduces its share of the maps; the driver combines
-    their partial maps (each is 2^bits bytes).
+
+def _merge_groups(spark, spec: FeatureSpec, results: list[dict]) -> np.ndarray | None:
+    """The elementwise minimum of the tasks' group maps (each 2^bits bytes).
+
+    Maps of at most DRIVER_MERGE_BYTES in all are read and merged by the driver (a Spark job
+    costs a few tenths of a second; ten 4 MiB maps, some hundredths). Larger ones are merged on
+    the executors: each of at most ``parallelism`` tasks reduces its share of the maps, and the
+    driver combines their partial maps.
     """
     if spec.bits > groups.GROUPS_MAX_BITS:
         return None
@@ -235,6 +240,8 @@ def _merge_groups(spark, spec: FeatureSpec, results: list[dict]) -> np.ndarray |
     n_buckets = 1 << spec.bits
     if not paths:  # no task wrote a row
         return groups.new_map(spec.bits)
+    if len(paths) * n_buckets <= DRIVER_MERGE_BYTES:
+        return functools.reduce(groups.merge_maps, (groups.load_map(p, n_buckets) for p in paths))
     n = min(len(paths), max(1, spark_tasks.parallelism(spark)))
 
     def merge(_, it):
