@@ -136,9 +136,9 @@ def _sort_count_row(indices, values, start, end, tmp, row_group, entry_group):
             tmp[j] = np.int64(1) << 62
         for i in range(n):
             k = tmp[i]
-            rank = 0
+            rank = np.uint32(0)  # a 32-bit count: numba would widen an int to 64 bits
             for j in range(m):
-                rank += np.int64(tmp[j] < k)
+                rank = np.uint32(rank + np.uint32(tmp[j] < k))
             tmp[64 + rank] = k
         for i in range(n):
             k = tmp[64 + i]

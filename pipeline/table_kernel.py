@@ -151,9 +151,9 @@ def _rank_sort(bi, m, key, srt, pad):
         key[j] = pad
     for i in range(m):
         ki = key[i]
-        rank = 0
+        rank = np.uint32(0)  # a 32-bit count: numba would widen an int to 64 bits, half the lanes
         for j in range(mm):
-            rank += np.int64(key[j] < ki)
+            rank = np.uint32(rank + np.uint32(key[j] < ki))
         srt[rank] = ki & 63
 
 
