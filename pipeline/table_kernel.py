@@ -229,7 +229,7 @@ def _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, tokens, ou
                 bi[j] = tile_idx[s + j]
             if m <= RANK_SORT_MAX:
                 # rank of each entry = entries smaller, ties broken by position (stable): unique keys
-                # index << 6 | position, padded to a multiple of 8 lanes; branch-free, vectorizes
+                # index << 6 | position, padded to a multiple of 16 lanes; branch-free, vectorizes
                 _rank_sort(bi, m, key, srt, pad)
             else:
                 order = np.argsort(bi[:m], kind="mergesort")
