@@ -300,13 +300,18 @@ def _small_dictionaries(pf: pq.ParquetFile, row_group: int, cols: list[str], bat
     out = []
     for i in range(rg.num_columns):
         c = rg.column(i)
-        path = c.path_in_schema  # a list column's leaf: "segs.list.element"
-        name = path.split(".", 1)[0]
+        path = c.path_in_schema  # a column's own name (dots and all), or a list's leaf: "segs.list.element"
+        name, nested = path, False
+        if path not in cols:
+            name, sep, leaf = path.rpartition(".list.")
+            if not sep or "." in leaf:
+                continue
+            nested = True
         if name not in cols or name not in schema.names or not c.has_dictionary_page:
             continue
         t = schema.field(name).type
-        if path != name:  # a list of strings is read as a list of dictionary entries
-            if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or path.count(".") != 2:
+        if nested:  # a list of strings is read as a list of dictionary entries
+            if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
                 continue
             t = t.value_type
         if not (pa.types.is_string(t) or pa.types.is_large_string(t)):

@@ -233,3 +233,29 @@ def test_python_workers_get_the_executor_environment(spark):
     got = spark.sparkContext.parallelize([0], 1).map(lambda _: {n: os.environ.get(n) for n in names}).collect()[0]
     assert got == {k.removeprefix("spark.executorEnv."): v for k, v in EXECUTOR_ENV.items()}
     assert got["MIMALLOC_PURGE_DELAY"] == "-1" and int(got["MALLOC_TRIM_THRESHOLD_"]) >= 256 << 20
+
+
+def test_parquet_strings_and_lists_of_strings_are_read_as_dictionaries(tmp_path):
+    """table_sources.read_piece: string columns (a dotted name too) and lists of strings whose
+    dictionary page is small come as dictionaries, batches stay within a row group (a list's
+    dictionaries cannot span two), and the values are the file's."""
+    from terascale.pipeline import fsutil
+    from terascale.pipeline.table_sources import ReadOptions, plan_pieces, read_piece
+
+    n = 1000
+    t = pa.table({"a.b": pa.array([f"v{i % 7}" for i in range(n)]),
+                  "segs": pa.array([[f"s{i % 5}", None] if i % 3 else None for i in range(n)], pa.list_(pa.string())),
+                  "odd.list.name": pa.array([[f"x{i % 4}"] for i in range(n)], pa.list_(pa.string())),
+                  "n": pa.array(range(n), pa.int64())})
+    pq.write_table(t, tmp_path / "f.parquet", row_group_size=300)
+    cols = ("a.b", "segs", "odd.list.name", "n")
+    pieces = plan_pieces(fsutil.expand_inputs([str(tmp_path / "f.parquet")]), "parquet", 1)
+    got = [x for p in pieces for x in read_piece(p, ReadOptions("parquet", cols, batch_rows=256))]
+    assert [row for row, _ in got] == [1, 257, 301, 557, 601, 857, 901]  # 300-row groups, 256-row batches
+    b = got[0][1]
+    assert pa.types.is_dictionary(b.schema.field("a.b").type)
+    assert pa.types.is_dictionary(b.schema.field("segs").type.value_type)
+    assert pa.types.is_dictionary(b.schema.field("odd.list.name").type.value_type)
+    read = pa.Table.from_batches([x for _, x in got]).select(list(cols))
+    for c in cols:
+        assert read.column(c).to_pylist() == t.column(c).to_pylist(), c
