@@ -187,10 +187,7 @@ class TaskOutput:
         t["multi_rows"] += int(multi.sum())
         keep = np.asarray if owned else np.array  # copies: the text parsers reuse their buffers
         m, ptr = keep(multi, np.bool_), keep(indptr, np.int64)
-        if owned and m.all():  # every value is kept, in place
-            mvals = np.asarray(values[: int(ptr[-1])], np.float32)
-        else:
-            mvals = parquet_rows.multi_values_of(ptr, values, m)
+        mvals = parquet_rows.multi_values_of(ptr, values, m, copy=not owned)
         self._pending.append((labels, weights, ptr, indices, m, mvals, times))
         if times is not None:
             self._times.append(time_split.task_points(times))

@@ -240,11 +240,12 @@ class RowsWriter:
         self._out.close()
 
 
-def multi_values_of(indptr: np.ndarray, values: np.ndarray, multi: np.ndarray) -> np.ndarray:
+def multi_values_of(indptr: np.ndarray, values: np.ndarray, multi: np.ndarray, copy: bool = True) -> np.ndarray:
     """The values of the ``multi`` rows, row after row (what the ``values`` column stores): a
-    new array, never a view of ``values``."""
+    new array, never a view of ``values`` (without ``copy``: ``values`` itself where every row
+    is kept)."""
     if not multi.any():
         return np.zeros(0, np.float32)
     if multi.all():
-        return np.array(values[: int(indptr[-1])], np.float32)
+        return (np.array if copy else np.asarray)(values[: int(indptr[-1])], np.float32)
     return values[: int(indptr[-1])][np.repeat(multi, np.diff(indptr))].astype(np.float32, copy=False)
