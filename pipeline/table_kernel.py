@@ -161,31 +161,38 @@ TILE_ROWS = 1024  # rows assembled together: their entries (about 12 bytes each)
 
 
 @njit(cache=True)
-def _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, tokens, out_ptr, out_idx, out_val, out_multi,
-              seen, key, pad):
+def _assemble(cnt, pmax, ids, istart, tables, tstart, vals, vstart, row_ok, tokens, out_ptr, out_idx, out_val,
+              out_multi, seen, key, pad):
     """The good rows, compacted: row r takes part p's next cnt[p, r] token ids from ``ids``
     (part p's from ``istart[p]``), each the hashed index ``tables[tstart[p] + id]``, and its
     values from ``vals`` at ``vstart[p]`` (1 when that is -1), in part order. The entries are
     sorted by index (stable: equal indices keep token order) and merged (values summed in
     float64 in token order, then float32). ``tokens[r]``: row r's entries (0 for a bad row, as
-    ``_count_rows`` writes them). ``seen[tstart[p] + id]`` is set for every token of a good row.
-    Returns the non-zeros written. ``key`` (RANK_SORT_MAX + 16 entries) and ``pad``: the
-    ranking's keys and their largest value (``_rank_sort``).
+    ``_count_rows`` writes them); ``pmax[p]``: part p's largest count in a row.
+    ``seen[tstart[p] + id]`` is set for every token of a good row. Returns the non-zeros
+    written. ``key`` (RANK_SORT_MAX + 16 entries) and ``pad``: the ranking's keys and their
+    largest value (``_rank_sort``).
 
     Rows go in tiles of TILE_ROWS: part by part, each tile's entries are gathered into a buffer
-    as large as the largest tile's entries (one part's token table is read at a time, and the
-    buffer stays in the cache; row by row, 30 parts' tables competed for it), then each row of
-    the tile is sorted and merged."""
+    (one part's token table is read at a time, and the buffer stays in the cache; row by row,
+    30 parts' tables competed for it), each row's slots followed by one spare slot; then each
+    row of the tile is sorted and merged. A part of at most one token a row is gathered without
+    branches: every row writes its next slot (its spare one when it has no token or is bad) and
+    moves on by its count, ids and values read at a position clamped to the part's last."""
     n_parts, n = cnt.shape
     t_cap = 0
     for a in range(0, n, TILE_ROWS):
-        t_cap = max(t_cap, tokens[a : min(a + TILE_ROWS, n)].sum())
+        b = min(a + TILE_ROWS, n)
+        t_cap = max(t_cap, tokens[a:b].sum() + (b - a))
     bi = np.empty(max(t_cap, RANK_SORT_MAX), np.int32)  # a row's entries: at most its tile's
     srt = np.empty(max(t_cap, RANK_SORT_MAX), np.int64)
     tile_idx = np.empty(max(t_cap, 1), np.int32)
     tile_val = np.empty(max(t_cap, 1), np.float32)
     start = np.empty(TILE_ROWS + 1, np.int64)
     cur = np.empty(TILE_ROWS, np.int64)
+    iend = np.empty(n_parts, np.int64)  # one past each part's last id
+    for p in range(n_parts):
+        iend[p] = istart[p + 1] if p + 1 < n_parts else ids.shape[0]
     ci = istart.copy()
     cv = vstart.copy()
     w = 0
@@ -194,12 +201,32 @@ def _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, tokens, ou
         b = min(a + TILE_ROWS, n)
         start[0] = 0
         for r in range(a, b):
-            start[r - a + 1] = start[r - a] + tokens[r]
+            start[r - a + 1] = start[r - a] + tokens[r] + 1
             cur[r - a] = start[r - a]
         for p in range(n_parts):
             i = ci[p]
             t0 = tstart[p]
             v = cv[p]
+            if pmax[p] == 0:
+                continue
+            if pmax[p] == 1:  # branch-free: ids and values read at a clamped position
+                last = iend[p] - 1
+                dv = v - i  # a value's position = its id's + dv
+                for r in range(a, b):
+                    c = cnt[p, r]
+                    ok = np.int64(row_ok[r])
+                    q = cur[r - a]
+                    j = min(i, last)
+                    e = t0 + ids[j]
+                    tile_idx[q] = tables[e]
+                    seen[e] |= (c & ok) != 0
+                    tile_val[q] = vals[j + dv] if v >= 0 else np.float32(1.0)
+                    cur[r - a] = q + c * ok
+                    i += c
+                ci[p] = i
+                if v >= 0:
+                    cv[p] = i + dv
+                continue
             for r in range(a, b):
                 c = cnt[p, r]
                 if row_ok[r]:
@@ -224,7 +251,7 @@ def _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, tokens, ou
             if not row_ok[a + r]:
                 continue
             s = start[r]
-            m = start[r + 1] - s
+            m = tokens[a + r]
             for j in range(m):
                 bi[j] = tile_idx[s + j]
             if m <= RANK_SORT_MAX:
@@ -352,16 +379,20 @@ def _projected_too_many(cnt, n_fields, crosses, limit, status):
 
 
 @njit(cache=True)
-def _count_rows(cnt, limit, status, tokens):
+def _count_rows(cnt, limit, status, tokens, pmax):
     """status[r] = TOO_MANY for each row without a reason with more than ``limit`` tokens (all
-    parts); tokens[r] = the row's tokens, 0 for a row with a reason; returns their sum. The
-    counts are summed part by part (rows contiguous: the loop vectorizes)."""
+    parts); tokens[r] = the row's tokens, 0 for a row with a reason; returns their sum.
+    pmax[p] = part p's largest count in a row (any row). The counts are summed part by part
+    (rows contiguous: the loop vectorizes)."""
     n = status.shape[0]
     for r in range(n):
         tokens[r] = 0
     for p in range(cnt.shape[0]):
+        hi = np.int32(0)
         for r in range(n):
             tokens[r] += cnt[p, r]
+            hi = max(hi, cnt[p, r])
+        pmax[p] = hi
     total = 0
     for r in range(n):
         if status[r] != 0:
@@ -448,7 +479,8 @@ def featurize_batch(spec: TableSpec, bits: int, seed: int, batch: pa.RecordBatch
             parts.append(Out(cnt[n_fields + j], ids_out, vals_out).part(p.cnt, p.ids, p.vals, (p.data, p.off, p.index), None))
     # without crosses the projected count is the count (sums of int32 counts are exact in float64)
     tokens = np.empty(n, np.int64)
-    nnz = _count_rows(cnt, spec.max_row_features, status, tokens)
+    pmax = np.empty(cnt.shape[0], np.int32)
+    nnz = _count_rows(cnt, spec.max_row_features, status, tokens, pmax)
     row_ok = status == 0
     ids = ids_out.array()
     istart = np.zeros(len(parts), np.int64)
@@ -468,7 +500,7 @@ def featurize_batch(spec: TableSpec, bits: int, seed: int, batch: pa.RecordBatch
     key_type = np.int32 if bits <= 25 else np.int64  # index << 6 | position fits
     key = np.empty(RANK_SORT_MAX + 16, key_type)
     with np.errstate(over="ignore"):
-        w = _assemble(cnt, ids, istart, tables, tstart, vals, vstart, row_ok, tokens, out_ptr, idx, val, multi, seen,
+        w = _assemble(cnt, pmax, ids, istart, tables, tstart, vals, vstart, row_ok, tokens, out_ptr, idx, val, multi, seen,
                       key, key_type(np.iinfo(key_type).max))
     if groups is not None:
         _lower_groups(seen, tables, tstart, groups)

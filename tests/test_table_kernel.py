@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from terascale.pipeline.rowkernels import REASONS
 from terascale.pipeline.spec import FeatureSpec
-from terascale.pipeline.table_kernel import LABEL, WEIGHT, featurize_batch
+from terascale.pipeline.table_kernel import LABEL, TILE_ROWS, WEIGHT, featurize_batch
 from terascale.pipeline.table_schema import SchemaError, check_schema
 from terascale.pipeline.table_spec import (
     BadRow,
@@ -112,8 +112,10 @@ def test_kernel_equals_reference(records, bits, seed):
 
 
 def test_every_reason_on_a_fixed_batch():
+    """Every reason, over three of the assembly's tiles (fields of at most one token a row are
+    gathered without branches, carrying their positions from tile to tile)."""
     rng = np.random.default_rng(3)
-    pick = lambda vals, n=400: [vals[i] for i in rng.integers(0, len(vals), n)]  # noqa: E731
+    pick = lambda vals, n=2 * TILE_ROWS + 500: [vals[i] for i in rng.integers(0, len(vals), n)]  # noqa: E731
     recs = [dict(zip(TYPES, vals, strict=True)) for vals in zip(
         pick([0, 1, 5, -1, -4, None]), pick([1.0, 0.25, float("inf"), None]), pick(["a.com", "b", "", None, "ü"]),
         pick([1, 2, None]), pick([True, False, None]), pick([dt.date(2026, 1, 1), None]),
