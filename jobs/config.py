@@ -139,9 +139,11 @@ class FeaturizeConf:
     )
     block_mb: int = param(16, "bytes read and parsed per batch inside a task", Interval(1, 1024, integer=True))
     compression: str = param("snappy", "Parquet compression codec", OneOf(("snappy", "zstd", "lz4", "none")))
-    parquet_encoding: str = param("auto", "the Parquet encoding of the indices: byte_stream_split (writes twice as fast; "
-                                  "Spark reads it from 4.3), plain (every Spark reads it), auto = byte_stream_split "
-                                  "where the job's Spark reads it, else plain", OneOf(PARQUET_ENCODINGS))
+    parquet_encoding: str = param("auto", "the Parquet encoding of the indices: byte_stream_split (then the codec; "
+                                  "the fastest write; Spark reads it from 4.3), delta_binary_packed (no codec; every "
+                                  "Spark reads it), plain (then the codec; every Spark reads it); auto = "
+                                  "byte_stream_split where the job's Spark reads it, else delta_binary_packed",
+                                  OneOf(PARQUET_ENCODINGS))
     overwrite: bool = param(False, "replace an existing dataset at the output (atomically); without it "
                             "featurize refuses one (anything that is not a terascale dataset is always refused)")
     allow_empty: bool = param(

@@ -72,7 +72,7 @@ class TaskOptions:
     block_bytes: int
     on_error: str
     compression: str
-    parquet_encoding: str = "byte_stream_split"  # of the indices: or "plain" (pipeline.spark_compat.parquet_encoding)
+    parquet_encoding: str = "byte_stream_split"  # of the indices (pipeline.spark_compat.parquet_encoding)
     raw_cap: int = 1 << 20  # a quarantined line keeps at most this many bytes (plus its length)
     row_group_rows: int = 262144
     inject_fail: bool = False  # chaos drill: fail after the first row group is written
@@ -108,10 +108,11 @@ class _Quarantine:
 def open_writer(fs, inner: str, compression: str, encoding: str = "byte_stream_split", timed: bool = False
                 ) -> parquet_rows.RowsWriter:
     """The Parquet writer of a task's rows (OUTPUT_SCHEMA, or TIMED_SCHEMA when ``timed``) on
-    filesystem ``fs``; ``encoding`` of the indices: ``byte_stream_split`` or ``plain`` (what Spark
-    3.5 reads). Hashed indices are near-random, so no dictionaries; byte_stream_split writes the
-    indices' bytes stream by stream (all low bytes, ..., all high bytes): the codec then skips the
-    near-random low bytes quickly and packs the high ones (docs/pages/explanation/design-notes.md).
+    filesystem ``fs``; ``encoding`` of the indices: ``byte_stream_split`` (the indices' bytes
+    stream by stream, then the codec: it skips the near-random low bytes quickly and packs the
+    high ones), ``delta_binary_packed`` (a row's sorted indices as bit-packed differences, no
+    codec) or ``plain``. Hashed indices are near-random, so no dictionaries
+    (docs/pages/explanation/design-notes.md).
     Every page carries a CRC-32 (a flipped byte is an error on read, not silently wrong data);
     the statistics' null count gives each row group's non-zeros, checked against the manifest
     (``pipeline.verify``)."""

@@ -11,8 +11,10 @@ and definition levels, each a 4-byte little-endian length and RLE runs, then the
 the Thrift ``FileMetaData``, its 4-byte length and ``PAR1``. Pages end on row boundaries and hold
 at most ``PAGE_BYTES`` of values. Every page header carries the CRC-32 of the page's stored
 bytes. Columns: ``label`` and ``weight`` FLOAT, required, PLAIN; ``indices`` a required LIST of
-required INT32 (PLAIN or BYTE_STREAM_SPLIT); ``values`` an optional LIST of required FLOAT
-(PLAIN; null where every value of the row is 1); ``time`` INT64, required, PLAIN. ``label``,
+required INT32 (PLAIN, BYTE_STREAM_SPLIT, or DELTA_BINARY_PACKED: ``pipeline.parquet_delta``,
+stored without a codec, as its bit-packed values do not compress); ``values`` an optional LIST of
+required FLOAT (PLAIN; null where every value of the row is 1); ``time`` INT64, required, PLAIN.
+Every other column chunk takes the writer's codec. ``label``,
 ``weight`` and ``indices`` carry statistics (null count, min, max); a row group's non-zeros are
 the ``indices`` chunk's ``num_values - null_count`` (``pipeline.verify``).
 """
@@ -27,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from terascale.pipeline import thrift_compact as tc
+from terascale.pipeline.parquet_delta import delta_binary_packed32, max_bytes
 from terascale.pipeline.parquet_levels import MAX_RUN_BYTES, byte_stream_split4, list_levels
 
 try:
@@ -50,10 +53,10 @@ PAGE_BYTES = 1 << 20  # values per page, in bytes (pyarrow's default data page s
 T_INT32, T_INT64, T_FLOAT = 1, 2, 4
 REQUIRED, OPTIONAL, REPEATED = 0, 1, 2
 CONVERTED_LIST = 3
-ENC_PLAIN, ENC_RLE, ENC_BSS = 0, 3, 9
+ENC_PLAIN, ENC_RLE, ENC_DELTA, ENC_BSS = 0, 3, 5, 9
 CODECS = {"none": 0, "snappy": 1, "zstd": 6, "lz4": 7}  # lz4: LZ4_RAW, as pyarrow writes "lz4"
 _ARROW_CODEC = {"snappy": "snappy", "zstd": "zstd", "lz4": "lz4_raw"}
-ENCODINGS = {"plain": ENC_PLAIN, "byte_stream_split": ENC_BSS}
+ENCODINGS = {"plain": ENC_PLAIN, "byte_stream_split": ENC_BSS, "delta_binary_packed": ENC_DELTA}
 
 
 def _signed32(x: int) -> int:
@@ -115,11 +118,11 @@ class RowsWriter:
         self._out.write(b)
         self._pos += len(b)
 
-    def _page(self, body: bytes | np.ndarray, n_entries: int, encoding: int) -> tuple[int, int]:
-        """One data page (``body``: levels and values, uncompressed); (uncompressed, stored)
-        bytes with the header."""
+    def _page(self, body: bytes | np.ndarray, n_entries: int, encoding: int, compress: bool) -> tuple[int, int]:
+        """One data page (``body``: levels and values, uncompressed), compressed with the
+        writer's codec if ``compress``; (uncompressed, stored) bytes with the header."""
         raw = memoryview(body).cast("B") if not isinstance(body, bytes) else body
-        stored = raw if self._arrow_codec is None else pa.compress(raw, codec=self._arrow_codec, asbytes=False)
+        stored = raw if self._arrow_codec is None or not compress else pa.compress(raw, codec=self._arrow_codec, asbytes=False)
         n_stored = len(stored)  # bytes (a memoryview of bytes, or a pyarrow Buffer)
         header = tc.struct([
             (1, tc.I32, 0),  # DATA_PAGE
@@ -135,15 +138,17 @@ class RowsWriter:
     def _chunk(self, path, ptype, encoding, pages, stats=None) -> tuple[list, int, int]:
         """Write a column chunk's pages, as ``pages`` makes them ((body, level entries, null
         entries) each: one page in memory at a time); its ColumnChunk fields and (uncompressed,
-        stored) bytes. ``stats(nulls)``: the chunk's Statistics fields (None: none)."""
+        stored) bytes. ``stats(nulls)``: the chunk's Statistics fields (None: none).
+        DELTA_BINARY_PACKED pages are stored without a codec."""
         start = self._pos
         unc = comp = n_values = nulls = 0
+        compress = encoding != ENC_DELTA
         for body, entries, z in pages:
-            u, c = self._page(body, entries, encoding)
+            u, c = self._page(body, entries, encoding, compress)
             unc, comp, n_values, nulls = unc + u, comp + c, n_values + entries, nulls + z
         encs = sorted({ENC_RLE, encoding}) if len(path) > 1 else [encoding]
         meta = [(1, tc.I32, ptype), (2, tc.LIST, (tc.I32, encs)), (3, tc.LIST, (tc.BIN, list(path))),
-                (4, tc.I32, self.codec), (5, tc.I64, n_values), (6, tc.I64, unc), (7, tc.I64, comp),
+                (4, tc.I32, self.codec if compress else 0), (5, tc.I64, n_values), (6, tc.I64, unc), (7, tc.I64, comp),
                 (9, tc.I64, start), (12, tc.STRUCT, None if stats is None else stats(nulls))]
         return [(2, tc.I64, start), (3, tc.STRUCT, meta)], unc, comp
 
@@ -162,9 +167,10 @@ class RowsWriter:
             yield x[a : a + per], min(per, x.shape[0] - a), 0
 
     def _list_pages(self, indptr: np.ndarray, present: np.ndarray, flat: np.ndarray, vptr: np.ndarray,
-                    max_def: int, split: bool) -> Iterator[tuple[np.ndarray, int, int]]:
-        """Pages of a list column, rows cut where a page's values reach PAGE_BYTES: (body, level
-        entries, null entries) each. ``vptr``: each row's first value in ``flat``."""
+                    max_def: int, encoding: int) -> Iterator[tuple[np.ndarray, int, int]]:
+        """Pages of a list column, rows cut where a page's values reach PAGE_BYTES (as PLAIN):
+        (body, level entries, null entries) each. ``vptr``: each row's first value in ``flat``;
+        ``encoding`` of the values: ENC_PLAIN, ENC_BSS (4-byte values) or ENC_DELTA (INT32)."""
         n = indptr.shape[0] - 1
         lens = np.diff(indptr)
         per = PAGE_BYTES // flat.dtype.itemsize
@@ -179,13 +185,17 @@ class RowsWriter:
             dfn = np.empty(cap, np.uint8)
             rw, dw, k, z = list_levels(lens[a:b], present[a:b], max_def, rep, dfn)
             vals = flat[vptr[a] : vptr[b]]
-            body = np.empty(8 + rw + dw + vals.nbytes, np.uint8)  # the page: lengths, levels, values
+            size = max_bytes(vals.shape[0]) if encoding == ENC_DELTA else vals.nbytes
+            body = np.empty(8 + rw + dw + size, np.uint8)  # the page: lengths, levels, values
             body[:4] = np.frombuffer(_struct.pack("<i", rw), np.uint8)
             body[4 : 4 + rw] = rep[:rw]
             body[4 + rw : 8 + rw] = np.frombuffer(_struct.pack("<i", dw), np.uint8)
             body[8 + rw : 8 + rw + dw] = dfn[:dw]
             out = body[8 + rw + dw :]
-            if split:
+            if encoding == ENC_DELTA:
+                size = delta_binary_packed32(vals, out, np.empty(vals.shape[0] + 128, np.uint32))
+                body = body[: 8 + rw + dw + size]
+            elif encoding == ENC_BSS:
                 byte_stream_split4(vals.view(np.uint8), out)
             else:
                 out[...] = vals.view(np.uint8)
@@ -201,7 +211,6 @@ class RowsWriter:
         weights = np.ascontiguousarray(weights, "<f4")
         indptr = np.asarray(indptr, np.int64)
         indices = np.ascontiguousarray(indices, "<i4")
-        split = self._index_encoding == ENC_BSS  # of 4-byte values (byte_stream_split4)
         multi = np.asarray(multi, np.bool_)
         vptr = np.zeros(n + 1, np.int64)
         np.cumsum(np.where(multi, np.diff(indptr), 0), out=vptr[1:])
@@ -212,8 +221,9 @@ class RowsWriter:
             self._chunk(("label",), T_FLOAT, ENC_PLAIN, self._scalar_pages(labels), self._stats(labels, "<f4")),
             self._chunk(("weight",), T_FLOAT, ENC_PLAIN, self._scalar_pages(weights), self._stats(weights, "<f4")),
             self._chunk(("indices", "list", "element"), T_INT32, self._index_encoding,
-                        self._list_pages(indptr, np.ones(n, np.bool_), indices, indptr, 1, split), self._stats(indices, "<i4")),
-            self._chunk(("values", "list", "element"), T_FLOAT, ENC_PLAIN, self._list_pages(vptr, multi, flat, vptr, 2, False)),
+                        self._list_pages(indptr, np.ones(n, np.bool_), indices, indptr, 1, self._index_encoding),
+                        self._stats(indices, "<i4")),
+            self._chunk(("values", "list", "element"), T_FLOAT, ENC_PLAIN, self._list_pages(vptr, multi, flat, vptr, 2, ENC_PLAIN)),
         ]
         if times is not None:
             chunks.append(self._chunk(("time",), T_INT64, ENC_PLAIN, self._scalar_pages(np.ascontiguousarray(times, "<i8"))))
