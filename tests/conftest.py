@@ -44,6 +44,18 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    items[:] = sorted(items, key=_runs_last)  # stable: the suite's order otherwise
+
+
+#: modules of whole-pipeline runs in subprocesses (spark-submit, the benchmark harness): they go
+#: after the rest of the suite, whose tests have by then compiled the kernels into the user-wide
+#: numba cache that these runs' executors load (tests/multihost, tests/test_bench_scale.py; the
+#: standalone cluster keeps a cache of its own: a fresh cluster's executors compile, as a user's do)
+LAST = ("tests/cluster/", "tests/multihost/", "tests/test_bench_scale.py")
+
+
+def _runs_last(item) -> bool:
+    return item.nodeid.startswith(LAST)
 
 
 @pytest.fixture(scope="session")
