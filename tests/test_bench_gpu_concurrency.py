@@ -15,9 +15,14 @@ def test_the_sweep_runs_every_tau_damped_and_not_on_tiny_data(monkeypatch):
     monkeypatch.setattr(bench, "EPS", 1e-2)
     monkeypatch.setattr(bench, "MAX_ROUNDS", 40)
     monkeypatch.setattr(bench, "UNDAMPED_ROUNDS", 10)
+    monkeypatch.setattr(bench, "HOT_TAUS", (8,))
     out = bench.main()
     assert out["rows"] == 600 and out["taus"] == [1, 8]
-    assert set(out["problems"]) == {"squared_dual", "logistic_dual"}
+    assert set(out["problems"]) == {"squared_dual", "logistic_dual", "squared_dual_hot_block", "logistic_dual_hot_block"}
+    for loss in ("squared", "logistic"):
+        seq, hot = out["problems"].pop(f"{loss}_dual_hot_block")
+        assert (seq["tau"], seq["hot_features"], hot["tau"]) == (1, 0, 8) and hot["hot_features"] >= 1
+        assert seq["epochs_vs_sequential"] == 1.0 and hot["epochs_to_gap"]
     for runs in out["problems"].values():
         assert [(r["tau"], r["damped"]) for r in runs] == [(1, False), (8, True), (8, False)]
         first = runs[0]

@@ -17,6 +17,12 @@ damped (the GPU solver's step) and undamped (the step of the sequential solver),
 runs capped at ``UNDAMPED_ROUNDS`` rounds. Figures per run: rounds (= epochs) to the gap, the
 final gap / P(0), the median line-search step, and the ratio of epochs to τ = 1's.
 
+Beside them, the design of issue 41 (``tests.scd.hot_block_model``): the features held by more
+than n / τ rows (and the constant) out of the asynchronous loop, solved as a primal block by
+Newton steps (``HOT_SUB`` an epoch), the rest damped by the ESO of the cold features alone;
+``*_dual_hot_block``, for τ in ``HOT_TAUS`` (env ``TERASCALE_BENCH_CONC_HOT_TAUS``), with the
+sequential solver under the same gap certificate as τ = 1.
+
 Where ``bench-results/device/*/gpu_scd.json`` holds a device run, its epochs to the gap at full
 concurrency are set beside the model's at the same τ (``device``), as a check of the model.
 
@@ -39,6 +45,8 @@ EPS = float(os.environ.get("TERASCALE_BENCH_CONC_EPS", "1e-4"))
 MAX_ROUNDS = int(os.environ.get("TERASCALE_BENCH_CONC_MAX_ROUNDS", "400"))
 UNDAMPED_ROUNDS = int(os.environ.get("TERASCALE_BENCH_CONC_UNDAMPED_ROUNDS", "40"))
 LOSSES = ("squared", "logistic")
+HOT_TAUS = tuple(int(t) for t in os.environ.get("TERASCALE_BENCH_CONC_HOT_TAUS", "264,1056,4224").split(",") if t)
+HOT_SUB = int(os.environ.get("TERASCALE_BENCH_CONC_HOT_SUB", "4"))  # Newton steps on the hot block an epoch
 DEVICE_RESULTS = Path(__file__).resolve().parents[2] / "bench-results" / "device"
 
 
@@ -62,6 +70,29 @@ def _run(data, loss: str, tau: int, damped: bool) -> dict[str, Any]:
     return {"tau": tau, "damped": damped, "epochs_to_gap": reached, "rounds": res.rounds,
             "final_gap_over_p0": res.gap / p0, "gamma_median": statistics.median(gammas) if gammas else None,
             "seconds": time.perf_counter() - t0}
+
+
+def _hot_block_runs(data, loss: str) -> list[dict[str, Any]]:
+    """The hot features out of the asynchronous loop (``tests.scd.hot_block_model``): the
+    sequential solver (no hot block, τ = 1) under the same gap certificate, then each τ > 1 of
+    ``HOT_TAUS`` with the hot set ω_j > n / τ solved by ``HOT_SUB`` Newton steps an epoch."""
+    from tests.scd.hot_block_model import HotBlockModel
+
+    model = HotBlockModel(data, loss, L2)
+    runs = []
+    for tau, theta in [(1, None)] + [(t, 1.0) for t in HOT_TAUS if t > 1]:
+        t0 = time.perf_counter()
+        r = model.run(tau, theta, HOT_SUB, EPS, MAX_ROUNDS)
+        r.pop("gaps")
+        r["seconds"] = time.perf_counter() - t0
+        runs.append(r)
+        print(f"  {loss} dual, hot block, tau {tau}: {r['epochs_to_gap']} epochs to the gap, "
+              f"{r['hot_features']} hot features ({r['hot_nnz_share']:.0%} of the non-zeros; "
+              f"{r['seconds']:.0f} s)", flush=True)
+    base = runs[0]["epochs_to_gap"]
+    for r in runs:
+        r["epochs_vs_sequential"] = r["epochs_to_gap"] / base if r["epochs_to_gap"] and base else None
+    return runs
 
 
 def device_epochs() -> dict[str, Any]:
@@ -105,6 +136,7 @@ def main() -> dict:
         for r in runs:
             r["epochs_vs_sequential"] = r["epochs_to_gap"] / base if r["epochs_to_gap"] and base else None
         out["problems"][f"{loss}_dual"] = runs
+        out["problems"][f"{loss}_dual_hot_block"] = _hot_block_runs(data, loss)
     out["device"] = device_epochs()
     out["bench_seconds"] = time.perf_counter() - t0
     return out
