@@ -18,6 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numba import njit
 
+from terascale.pipeline.arrow_arrays import filled, from_numpy, numpy_type, valid_mask
+from terascale.pipeline.arrow_arrays import values as values_of
 from terascale.pipeline.hashing import hash_buffers
 from terascale.pipeline.rowkernels import REASON_CODES, valid_utf8
 from terascale.pipeline.table_schema import SchemaError
@@ -173,7 +175,7 @@ def _canonical_codes(arr: pa.Array) -> tuple[np.ndarray, pa.Array, bool]:
     categorical values. Empty strings are missing."""
     t = arr.type
     if pa.types.is_dictionary(t):
-        codes = arr.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=True)
+        codes = filled(arr.indices, 0).astype(np.int64, copy=False)
         codes[~valid_mask(arr)] = -1
         dictionary, binary = _dictionary_text(arr.dictionary)
         empty = _empty(dictionary)
@@ -212,12 +214,6 @@ def _empty(d: pa.Array) -> np.ndarray:
     return empty
 
 
-def valid_mask(arr: pa.Array) -> np.ndarray:
-    if arr.null_count == 0:
-        return np.ones(len(arr), np.bool_)
-    return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False))
-
-
 _NO_BITS = np.zeros(0, np.uint8)
 
 
@@ -227,14 +223,6 @@ def _validity(arr: pa.Array) -> tuple[np.ndarray, int]:
     if arr.null_count == 0:
         return _NO_BITS, -1
     return np.frombuffer(arr.buffers()[0], np.uint8), arr.offset
-
-
-def _values(arr: pa.Array, dtype) -> np.ndarray:
-    """The values buffer of a fixed-width array as numpy (not copied; a null's slot is arbitrary)."""
-    buf = arr.buffers()[1]
-    if buf is None or len(arr) == 0:
-        return np.zeros(0, dtype)
-    return np.frombuffer(buf, dtype, count=arr.offset + len(arr))[arr.offset :]
 
 
 @njit(cache=True, inline="always")
@@ -439,8 +427,8 @@ def _flat(arr: pa.Array) -> tuple[np.ndarray, pa.Array]:
         offs = arr.offsets.to_numpy()  # of a slice: its own, into the unsliced entries
         start = int(offs[0])
         entries = arr.values.slice(start, int(offs[-1]) - start)
-        arr = pa.ListArray.from_arrays(pa.array(offs - start), entries, mask=arr.is_null() if arr.null_count else None)
-    lens = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False)
+        arr = pa.ListArray.from_arrays(from_numpy(offs - start), entries, mask=arr.is_null() if arr.null_count else None)
+    lens = filled(pc.list_value_length(arr), 0)
     offsets = np.zeros(len(arr) + 1, np.int64)
     np.cumsum(lens, out=offsets[1:])
     return offsets, pc.list_flatten(arr)
@@ -464,7 +452,7 @@ def numbers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_boolean(t)):
         raise SchemaError(f"type {t} cannot be numeric")
     valid = valid_mask(arr)
-    return as_float64(arr).fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float64, copy=False), valid
+    return filled(as_float64(arr), 0.0), valid
 
 
 def as_float64(arr: pa.Array) -> pa.Array:
@@ -505,7 +493,7 @@ def _dictionary_part(f: Field, arr: pa.DictionaryArray, seed: int, mask: int, ou
     n = len(arr)
     dictionary, binary = _dictionary_text(arr.dictionary)
     ind = arr.indices
-    idx = _values(ind, ind.type.to_pandas_dtype())
+    idx = values_of(ind, numpy_type(ind.type))
     bits, first = _validity(ind)
     live = ~_empty(dictionary)
     m = len(dictionary)
@@ -516,7 +504,7 @@ def _dictionary_part(f: Field, arr: pa.DictionaryArray, seed: int, mask: int, ou
             used = None  # most entries are used: taking them would cost more than it saves
     if used is not None:
         rows = np.flatnonzero(used)  # the table's entries: dictionary entries, ascending
-        dictionary = dictionary.take(pa.array(rows))
+        dictionary = dictionary.take(from_numpy(rows))
         entry = np.full(m, -1, np.int64)
         entry[rows] = np.arange(rows.shape[0])
     else:
@@ -544,12 +532,12 @@ def _integer_part(f: Field, arr: pa.Array, seed: int, mask: int, out: Out) -> Pa
     """An integer categorical column: each distinct value of the batch formatted once (Arrow's
     cast to string: decimal) and hashed once."""
     n = len(arr)
-    x = _values(arr, arr.type.to_pandas_dtype())
+    x = values_of(arr, numpy_type(arr.type))
     bits, first = _validity(arr)
     firsts = np.empty(n, np.int64)
     missing = f.missing == "token"
     w, k = _int_rows(x, bits, first, missing, out.cnt, out.ids.room(n), firsts)
-    text = pa.array(x[firsts[:k]], type=arr.type).cast(pa.string())
+    text = from_numpy(x[firsts[:k]], arr.type).cast(pa.string())
     data, off, index, _ = _table(f"{f.name}=".encode(), text, seed, mask, missing, False)
     return Part(out.cnt, out.ids.commit(w), None, data, off, index)
 
@@ -567,7 +555,7 @@ def numeric_part(f: Field, arr: pa.Array, seed: int, mask: int, out: Out) -> Par
             data, off = _append(data, off, (f.name + MISSING_SUFFIX).encode())
             index = hash_buffers(data, off, seed) & mask
         bad = np.zeros(n, np.int8)
-        w, nbad = _number_rows(_values(arr, np.float64), *_validity(arr), f.missing == "token", out.cnt,
+        w, nbad = _number_rows(values_of(arr, np.float64), *_validity(arr), f.missing == "token", out.cnt,
                                out.ids.room(n), out.vals.room(n), bad)
         return Part(out.cnt, out.ids.commit(w), out.vals.commit(w), data, off, index, bad if nbad else None)
     x, valid = numbers(arr)
@@ -588,7 +576,7 @@ def numeric_part(f: Field, arr: pa.Array, seed: int, mask: int, out: Out) -> Par
     uniq, inv = _distinct_ints(b[valid])
     codes = np.full(x.shape[0], -1, np.int64)
     codes[valid] = inv
-    text = pa.array(uniq).cast(pa.string())
+    text = from_numpy(uniq).cast(pa.string())
     data, off, index, _ = _table(f"{f.name}=".encode(), text, seed, mask, f.missing == "token", False)
     return _single(f, codes, (data, off, index), bad, out)
 

@@ -15,9 +15,10 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
+from terascale.pipeline.arrow_arrays import filled, valid_mask
 from terascale.pipeline.hashing import hash_buffers
 from terascale.pipeline.rowkernels import REASON_CODES
-from terascale.pipeline.table_fields import PARTS, Flat, Out, Part, as_float64, numbers, valid_mask
+from terascale.pipeline.table_fields import PARTS, Flat, Out, Part, as_float64, numbers
 from terascale.pipeline.table_schema import SchemaError
 from terascale.pipeline.table_spec import TableSpec, field_seed
 
@@ -332,11 +333,11 @@ def _labels(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     t = arr.type
     valid = valid_mask(arr)
     if pa.types.is_boolean(t):
-        y = np.asarray(arr.fill_null(False).to_numpy(zero_copy_only=False), dtype=np.float64)
+        y = filled(arr, False).astype(np.float64)
         return y.astype(np.float32), valid
     if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
         raise SchemaError(f"type {t} cannot be the label (a boolean or a number)")
-    x = np.asarray(as_float64(arr).fill_null(np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
+    x = filled(as_float64(arr), np.nan)
     ok = valid & ((x > 0) | (x == 0) | (x == -1))
     return (x > 0).astype(np.float32), ok
 

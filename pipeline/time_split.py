@@ -23,6 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from terascale.pipeline.arrow_arrays import filled, valid_mask
+
 #: quantile points of the manifest's time entry (POINTS + 1 values)
 POINTS = 256
 #: order statistics each task reports of its rows' times
@@ -57,9 +59,7 @@ def time_values(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         arr = pc.cast(arr, pa.int64())  # a uint64 past 2^63 raises: no silent wrap
     else:
         raise TypeError(f"a time column must be a timestamp, a date or an integer, not {t}")
-    valid = (np.ones(len(arr), np.bool_) if arr.null_count == 0
-             else np.asarray(arr.is_valid().to_numpy(zero_copy_only=False)))
-    return np.asarray(arr.fill_null(0).to_numpy(zero_copy_only=False), np.int64), valid
+    return filled(arr, 0).astype(np.int64, copy=False), valid_mask(arr)
 
 
 def task_points(times: np.ndarray, k: int = TASK_POINTS) -> tuple[list[int], int]:
