@@ -69,15 +69,6 @@ def delayed_cold_epoch(indptr, indices, values, labels, weights, sqn, alpha, u, 
 
 
 @njit(cache=True)
-def _spmv(indptr, indices, values, x, out):
-    for i in range(indptr.shape[0] - 1):
-        s = 0.0
-        for k in range(indptr[i], indptr[i + 1]):
-            s += values[k] * x[indices[k]]
-        out[i] = s
-
-
-@njit(cache=True)
 def loss_derivs(loss, labels, z, d1, d2):
     """φ'(z_i) and φ''(z_i) of every row (squared: z − y and 1; logistic on ±1 labels)."""
     for i in range(z.shape[0]):
@@ -139,7 +130,7 @@ class HotBlockModel:
         plain = np.asarray(sq.sum(axis=1)).ravel()
         cold = (xc.indptr.astype(np.int64), xc.indices.astype(np.int64), xc.data)
         alpha, u, wh = np.zeros(n), np.zeros(xc.shape[1]), np.zeros(xh.shape[1])
-        off, zc, d1, d2 = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
+        off, d1, d2 = np.zeros(n), np.zeros(n), np.zeros(n)
         scale = 1.0 / (lam * n_w)
         p0 = _sums(loss, self.labels, self.weights, alpha, off)[0] / n_w
         factor = None
@@ -153,8 +144,7 @@ class HotBlockModel:
                 delayed_cold_epoch(*cold, self.labels, self.weights, sqn, alpha, u, part, tau, loss, scale, off)
                 if not wh.shape[0]:
                     continue
-                _spmv(*cold, u, zc)
-                z = off + zc
+                z = off + xc @ u
                 loss_derivs(loss, self.labels, z, d1, d2)
                 grad = xh_t @ (self.weights * d1) / n_w + lam * wh
                 if factor is None:
@@ -174,8 +164,7 @@ class HotBlockModel:
                 off += t * dz
                 newton += 1
                 hot_passes += 3  # margins, the gradient, the line search's margins
-            _spmv(*cold, u, zc)
-            z = off + zc
+            z = off + xc @ u
             p, dv = _sums(loss, self.labels, self.weights, alpha, z)
             w_alpha = scale * (xh_t @ (self.weights * alpha))
             primal = p / n_w + 0.5 * lam * (u @ u + wh @ wh)
