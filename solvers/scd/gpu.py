@@ -26,10 +26,10 @@ __all__ = ["GpuDualLocalSolver", "GpuPrimalLocalSolver", "gpu_available", "selec
 
 def train_cocoa_gpu(data: CSRData, comm, params, on_round_end: Callable | None = None,
                     threads_per_block: int | None = None, blocks: int | None = None,
-                    fallback: bool = True, resume=None):
+                    fallback: bool = True, resume=None, hot_block: bool | None = None):
     """``api.train_cocoa`` with the local variables and TPA-SCD local solvers on the GPU
     (``gpu_problem``; ``params.threads`` / ``bucket_size`` are ignored: the GPU's thread blocks
-    are the parallelism). Without a usable GPU: a warning naming the reason and the CPU solver
+    are the parallelism; ``hot_block``: ``gpu_problem.make_gpu_problem``'s). Without a usable GPU: a warning naming the reason and the CPU solver
     when ``fallback``, else RuntimeError."""
     data = densified(data)  # the GPU kernels read one value per non-zero
     ok, reason = gpu_available()
@@ -40,5 +40,5 @@ def train_cocoa_gpu(data: CSRData, comm, params, on_round_end: Callable | None =
                       stacklevel=2)
         return api.train_cocoa(data, comm, params, on_round_end, resume)
     factory = functools.partial(make_gpu_problem, threads_per_block=threads_per_block,
-                                blocks=blocks)
+                                blocks=blocks, hot_block=hot_block)
     return api.train_cocoa(data, comm, params, on_round_end, resume, make_problem=factory)

@@ -33,9 +33,13 @@ from terascale.allreduce.communicator import Communicator
 from terascale.solvers.data import CSRData
 from terascale.solvers.scd.dual_kernels import axpy, scaled_difference
 from terascale.solvers.scd.dual_problem import DualProblemBase
+from terascale.solvers.scd.gpu_hot_solver import HOT_LOSSES, GpuHotDualSolver
 from terascale.solvers.scd.gpu_local_solver import GpuDualLocalSolver, GpuPrimalLocalSolver
+from terascale.solvers.scd.line_search import seq_dot
+from terascale.solvers.scd.losses import loss_code
 from terascale.solvers.scd.params import CocoaParams
 from terascale.solvers.scd.primal_problem import PrimalProblemBase
+from terascale.solvers.scd.rounds import GapThenProposal
 
 
 class GpuDualProblem(DualProblemBase):
@@ -132,14 +136,102 @@ class GpuPrimalProblem(PrimalProblemBase):
         return self.solver.local()
 
 
+class GpuHotDualProblem(GapThenProposal):
+    """The dual with the hot features as a primal block (``gpu_hot_solver``), on one rank.
+
+    The shared vector is the point ``w = (u, w_H)`` itself; a round runs the epochs on the device
+    and brings w down (``8 S`` bytes); gamma is 1 (the cold steps are SDCA's exact steps with
+    sigma' = 1, the hot block's Newton steps take their own line search). Gap pieces:
+    ``(Σ c φ(z), Σ c h(α̂), ||w(α̂)||²)`` with ``α̂ = −φ'(z)``, so ``P = Σ c φ / N + λ/2 ||w||²`` and
+    ``D = Σ c h / N − λ/2 ||w(α̂)||²``."""
+
+    eval_len = 3
+    line_len = 0
+    previous_gamma: float | None = None
+
+    def __init__(self, data: CSRData, comm: Communicator, params: CocoaParams, n_weight: float,
+                 threads_per_block: int | None = None, blocks: int | None = None,
+                 hot_tau: int | None = None):
+        if comm.size != 1:
+            raise ValueError(f"the hot-block GPU dual runs on one rank (its Newton step needs the "
+                             f"Hessian of every row); this run has {comm.size}")
+        self.data, self.comm, self.p, self.n_weight = data, comm, params, n_weight
+        self.solver = GpuHotDualSolver(data, loss_code(params.loss), params.l2, n_weight,
+                                       params.bias_scale, threads_per_block, blocks, hot_tau=hot_tau)
+        self.w = np.zeros(data.n_features + 1)
+        self.w_new = np.zeros_like(self.w)
+        self.dw = np.zeros_like(self.w)
+
+    @property
+    def shared_len(self) -> int:
+        return self.w.shape[0]
+
+    def eval_pieces(self) -> np.ndarray:
+        return self.solver.gap_sums()
+
+    def objectives(self, sums: np.ndarray) -> tuple[float, float]:
+        lam = self.p.l2
+        return (sums[0] / self.n_weight + 0.5 * lam * seq_dot(self.w, self.w),
+                sums[1] / self.n_weight - 0.5 * lam * sums[2])
+
+    def propose(self, round_index: int) -> None:
+        self.solver.run(self.p.local_epochs, self.p.seed, self.comm.rank, round_index)
+        self.solver.model(self.w_new)
+        np.subtract(self.w_new, self.w, out=self.dw)
+
+    def shared_delta(self) -> np.ndarray:
+        return self.dw
+
+    def line_pieces(self) -> np.ndarray:
+        return np.zeros(0)
+
+    def gamma(self, delta: np.ndarray, sums: np.ndarray) -> float:
+        return 1.0
+
+    def apply(self, gamma: float, delta: np.ndarray) -> None:
+        if gamma != 1.0:
+            raise ValueError(f"the hot-block GPU dual takes its epochs whole (gamma 1, not {gamma})")
+        np.copyto(self.w, self.w_new)  # the device's point, bit for bit
+
+    def model(self) -> np.ndarray:
+        return self.w.copy()
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.solver.local().copy(), self.w.copy()
+
+    def restore(self, local: np.ndarray, shared: np.ndarray) -> None:
+        if local.shape != (self.data.n_rows,) or shared.shape != self.w.shape:
+            raise ValueError(f"resume state does not fit this shard: alpha {local.shape} vs "
+                             f"({self.data.n_rows},), w {shared.shape} vs {self.w.shape}")
+        self.solver.load(local, shared)
+        np.copyto(self.w, shared)
+
+
 GPU_FORMULATIONS = {"dual": GpuDualProblem, "primal": GpuPrimalProblem}
 
 
+def hot_block_applies(params: CocoaParams, comm: Communicator) -> bool:
+    """Whether ``make_gpu_problem`` picks the hot-block dual by default: the dual of a twice
+    differentiable loss (squared, logistic) on one rank."""
+    return (params.formulation == "dual" and comm.size == 1
+            and loss_code(params.loss) in HOT_LOSSES)
+
+
 def make_gpu_problem(data: CSRData, comm: Communicator, params: CocoaParams, n_weight: float,
-                     threads_per_block: int | None = None, blocks: int | None = None):
-    """``api.train_cocoa``'s ``make_problem`` for the GPU: the formulation's GPU problem."""
+                     threads_per_block: int | None = None, blocks: int | None = None,
+                     hot_block: bool | None = None, hot_tau: int | None = None):
+    """``api.train_cocoa``'s ``make_problem`` for the GPU: the formulation's GPU problem —
+    ``GpuHotDualProblem`` where ``hot_block_applies`` (``hot_block``: None = so, False = the
+    damped TPA-SCD dual ``GpuDualProblem``, True = the hot block or a ValueError saying why not)."""
     if params.partition != "fixed":
         raise ValueError(f"cocoa.partition: {params.partition!r} is not available on the GPU; "
                          "expected 'fixed' (or run the CPU solver)")
+    applies = hot_block_applies(params, comm)
+    if hot_block and not applies:
+        raise ValueError("the hot-block GPU dual needs formulation 'dual', loss 'squared' or "
+                         f"'logistic' and one rank (got {params.formulation!r}, {params.loss!r}, "
+                         f"{comm.size} ranks)")
+    if applies and hot_block is not False:
+        return GpuHotDualProblem(data, comm, params, n_weight, threads_per_block, blocks, hot_tau)
     return GPU_FORMULATIONS[params.formulation](data, comm, params, n_weight, threads_per_block,
                                                 blocks)

@@ -117,7 +117,7 @@ class HotBlockModel:
         return hot
 
     def run(self, tau: int, theta: float | None = 1.0, sub: int = 4, eps: float = 1e-4, max_epochs: int = 50,
-            seed: int = 1) -> dict:
+            seed: int = 1, refactor: int = 1) -> dict:
         n, lam, n_w, loss = self.x.shape[0], self.lam, self.n_w, self.loss
         hot = self.hot_set(tau, theta)
         xc = self.x[:, np.flatnonzero(~hot)].tocsr()
@@ -135,11 +135,11 @@ class HotBlockModel:
         p0 = _sums(loss, self.labels, self.weights, alpha, off)[0] / n_w
         factor = None
         newton = hot_passes = 0
-        history = []
+        history, history_alpha = [], []
         for epoch in range(1, max_epochs + 1):
             order = np.random.default_rng([seed, epoch]).permutation(n).astype(np.int64)
-            if loss != SQUARED:
-                factor = None  # the logistic Hessian: once an epoch
+            if loss != SQUARED and refactor and (epoch - 1) % refactor == 0:
+                factor = None  # the logistic Hessian: every ``refactor`` epochs (0: once)
             for part in np.array_split(order, sub if wh.shape[0] else 1):
                 delayed_cold_epoch(*cold, self.labels, self.weights, sqn, alpha, u, part, tau, loss, scale, off)
                 if not wh.shape[0]:
@@ -169,6 +169,7 @@ class HotBlockModel:
             w_alpha = scale * (xh_t @ (self.weights * alpha))
             primal = p / n_w + 0.5 * lam * (u @ u + wh @ wh)
             dual = dv / n_w - 0.5 * lam * (u @ u + w_alpha @ w_alpha)
+            history_alpha.append((primal - dual) / p0)
             loss_derivs(loss, self.labels, z, d1, d2)
             a_hat = -d1
             if loss == LOGISTIC:  # strictly inside the domain of the entropy
@@ -184,4 +185,5 @@ class HotBlockModel:
                 "hot_nnz_share": xh.nnz / self.x.nnz,
                 "damping": float(np.mean(np.where(plain > 0, sqn / np.where(plain > 0, plain, 1.0), 1.0))),
                 "epochs_to_gap": epoch if history[-1] <= eps else None, "gaps": history,
+                "gaps_alpha": history_alpha,
                 "newton_steps": newton, "hot_passes": hot_passes, "primal": primal, "p0": p0}

@@ -169,7 +169,9 @@ def _cpu_proposal(cpu, p, round_index: int):
 
 def _same_state(loss: str, formulation: str, lam: float) -> dict:
     """GPU problem (one block walking the permutation: sequential SCD) and CPU problem on the
-    same state, three adaptive rounds: every piece the loop reads, max relative error."""
+    same state, three adaptive rounds: every piece the loop reads, max relative error. The
+    damped TPA-SCD dual for every loss (the hot-block dual, one rank's default for the squared
+    and logistic losses, has its own tests: ``test_gpu_hot_sim``)."""
     from terascale.allreduce.communicator import LocalCommunicator
     from terascale.solvers.scd.api import FORMULATIONS
     from terascale.solvers.scd.gpu_problem import make_gpu_problem
@@ -180,7 +182,7 @@ def _same_state(loss: str, formulation: str, lam: float) -> dict:
     comm = LocalCommunicator()
     n_w = float(np.sum(d.weights, dtype=np.float64))
     p = CocoaParams(loss=loss, formulation=formulation, l2=lam, local_epochs=2, seed=7)
-    gpu = make_gpu_problem(d, comm, p, n_w, threads_per_block=2, blocks=1)
+    gpu = make_gpu_problem(d, comm, p, n_w, threads_per_block=2, blocks=1, hot_block=False)
     cpu = FORMULATIONS[formulation, "fixed"](d, comm, p, n_w)
     worst: dict[str, float] = {}
 
@@ -312,7 +314,7 @@ def _traffic(loss: str, formulation: str, rows: int) -> dict:
     made, marks = [], []
 
     def factory(*args):
-        pr = make_gpu_problem(*args, threads_per_block=2, blocks=2)
+        pr = make_gpu_problem(*args, threads_per_block=2, blocks=2, hot_block=False)
         apply = pr.apply
 
         def counted_apply(gamma, delta):
