@@ -45,15 +45,39 @@ from terascale.solvers.scd.gpu_device import (
     resident_blocks,
     simulator_enabled,
 )
-from terascale.solvers.scd.hot_split import DEFAULT_MAX_HOT, split
+from terascale.solvers.scd.hot_split import DEFAULT_MAX_HOT, HotPlan, plan, split
 from terascale.solvers.scd.losses import LOGISTIC, SQUARED
 
-__all__ = ["HOT_LOSSES", "DEFAULT_SUB", "GpuHotDualSolver"]
+__all__ = ["HOT_LOSSES", "DEFAULT_SUB", "GpuHotDualSolver", "device_plan", "worth_it"]
 
 HOT_LOSSES = (SQUARED, LOGISTIC)  # a Newton step needs φ''
 DEFAULT_SUB = 4  # Newton steps an epoch (the model: 3 epochs to 1e-4 at τ = 4,224, both losses)
 _LINE_HALVINGS = 40
 HESSIAN_SEGMENT = 256  # rows of a hot column one block of ``hessian_lower`` takes
+
+
+def launch_size(data: CSRData, threads_per_block: int | None, blocks: int | None) -> tuple[int, int, int]:
+    """(threads per block, grid, rows in flight) of the cold epoch on this device."""
+    tpb = default_threads(data.nnz, data.n_rows) if threads_per_block is None else int(threads_per_block)
+    if tpb < 1 or tpb > 256 or tpb & (tpb - 1):
+        raise ValueError(f"threads_per_block: {tpb} is not allowed; expected a power of two in [1, 256]")
+    grid = max(1, data.n_rows if blocks is None else min(int(blocks), data.n_rows))
+    return tpb, grid, min(grid, resident_blocks(tpb))
+
+
+def device_plan(data: CSRData, bias_scale: float, threads_per_block: int | None = None,
+                blocks: int | None = None, hot_tau: int | None = None,
+                max_hot: int = DEFAULT_MAX_HOT) -> HotPlan:
+    """``hot_split.plan`` of this shard for ``hot_tau`` rows in flight, or the device's."""
+    _, _, in_flight = launch_size(data, threads_per_block, blocks)
+    return plan(data, bias_scale, in_flight if hot_tau is None else int(hot_tau), max_hot)
+
+
+def worth_it(chosen: HotPlan) -> bool:
+    """The hot block is the default when it keeps at least a quarter of the rows in flight asked
+    for; on long rows (text) the Hessian's budget leaves so few hot features that τ would
+    collapse, and the damped TPA-SCD dual at the device's full τ is kept instead."""
+    return 4 * chosen.tau >= chosen.tau_max
 
 
 def hessian_segments(colptr: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -76,7 +100,7 @@ class GpuHotDualSolver:
     def __init__(self, data: CSRData, loss: int, lam: float, n_weight: float, bias_scale: float,
                  threads_per_block: int | None = None, blocks: int | None = None,
                  sub: int = DEFAULT_SUB, hot_tau: int | None = None,
-                 max_hot: int = DEFAULT_MAX_HOT) -> None:
+                 max_hot: int = DEFAULT_MAX_HOT, chosen: HotPlan | None = None) -> None:
         from terascale.solvers.scd import gpu_hot_kernels as hk
         from terascale.solvers.scd import gpu_reduce_kernels as rk
 
@@ -93,14 +117,10 @@ class GpuHotDualSolver:
         self.n, self.loss, self.lam = n, int(loss), float(lam)
         self.inv_n = 1.0 / float(n_weight)
         self.scale = 1.0 / (float(lam) * float(n_weight))
-        tpb = default_threads(data.nnz, n) if threads_per_block is None else int(threads_per_block)
-        if tpb < 1 or tpb > 256 or tpb & (tpb - 1):
-            raise ValueError(f"threads_per_block: {tpb} is not allowed; expected a power of two in [1, 256]")
+        tpb, grid, in_flight = launch_size(data, threads_per_block, blocks)
         self.tpb = tpb
-        grid = max(1, n if blocks is None else min(int(blocks), n))
-        in_flight = min(grid, resident_blocks(tpb))
         tau_max = in_flight if hot_tau is None else int(hot_tau)
-        s = split(data, bias_scale, tau_max, max_hot)
+        s = split(data, bias_scale, tau_max, max_hot, chosen)
         self.hot_split = s
         # fewer rows in flight when the hot set was capped (choose_hot lowered tau)
         self.blocks = grid if s.tau >= tau_max else max(1, min(grid, s.tau))

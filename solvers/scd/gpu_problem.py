@@ -33,7 +33,7 @@ from terascale.allreduce.communicator import Communicator
 from terascale.solvers.data import CSRData
 from terascale.solvers.scd.dual_kernels import axpy, scaled_difference
 from terascale.solvers.scd.dual_problem import DualProblemBase
-from terascale.solvers.scd.gpu_hot_solver import HOT_LOSSES, GpuHotDualSolver
+from terascale.solvers.scd.gpu_hot_solver import HOT_LOSSES, GpuHotDualSolver, device_plan, worth_it
 from terascale.solvers.scd.gpu_local_solver import GpuDualLocalSolver, GpuPrimalLocalSolver
 from terascale.solvers.scd.line_search import seq_dot
 from terascale.solvers.scd.losses import loss_code
@@ -151,13 +151,14 @@ class GpuHotDualProblem(GapThenProposal):
 
     def __init__(self, data: CSRData, comm: Communicator, params: CocoaParams, n_weight: float,
                  threads_per_block: int | None = None, blocks: int | None = None,
-                 hot_tau: int | None = None):
+                 hot_tau: int | None = None, chosen=None):
         if comm.size != 1:
             raise ValueError(f"the hot-block GPU dual runs on one rank (its Newton step needs the "
                              f"Hessian of every row); this run has {comm.size}")
         self.data, self.comm, self.p, self.n_weight = data, comm, params, n_weight
         self.solver = GpuHotDualSolver(data, loss_code(params.loss), params.l2, n_weight,
-                                       params.bias_scale, threads_per_block, blocks, hot_tau=hot_tau)
+                                       params.bias_scale, threads_per_block, blocks, hot_tau=hot_tau,
+                                       chosen=chosen)
         self.w = np.zeros(data.n_features + 1)
         self.w_new = np.zeros_like(self.w)
         self.dw = np.zeros_like(self.w)
@@ -221,8 +222,9 @@ def make_gpu_problem(data: CSRData, comm: Communicator, params: CocoaParams, n_w
                      threads_per_block: int | None = None, blocks: int | None = None,
                      hot_block: bool | None = None, hot_tau: int | None = None):
     """``api.train_cocoa``'s ``make_problem`` for the GPU: the formulation's GPU problem —
-    ``GpuHotDualProblem`` where ``hot_block_applies`` (``hot_block``: None = so, False = the
-    damped TPA-SCD dual ``GpuDualProblem``, True = the hot block or a ValueError saying why not)."""
+    ``GpuHotDualProblem`` where ``hot_block_applies`` and its plan keeps at least a quarter of
+    the rows in flight (``gpu_hot_solver.worth_it``); ``hot_block`` False: the damped TPA-SCD
+    dual ``GpuDualProblem``; True: the hot block whatever its plan, or a ValueError saying why not."""
     if params.partition != "fixed":
         raise ValueError(f"cocoa.partition: {params.partition!r} is not available on the GPU; "
                          "expected 'fixed' (or run the CPU solver)")
@@ -232,6 +234,8 @@ def make_gpu_problem(data: CSRData, comm: Communicator, params: CocoaParams, n_w
                          f"'logistic' and one rank (got {params.formulation!r}, {params.loss!r}, "
                          f"{comm.size} ranks)")
     if applies and hot_block is not False:
-        return GpuHotDualProblem(data, comm, params, n_weight, threads_per_block, blocks, hot_tau)
+        chosen = device_plan(data, params.bias_scale, threads_per_block, blocks, hot_tau)
+        if hot_block or worth_it(chosen):
+            return GpuHotDualProblem(data, comm, params, n_weight, threads_per_block, blocks, hot_tau, chosen)
     return GPU_FORMULATIONS[params.formulation](data, comm, params, n_weight, threads_per_block,
                                                 blocks)

@@ -19,7 +19,8 @@ in flight come from the data, not from a setting.
 
 The matrices: the cold part as CSR over a compact numbering of C (the asynchronous epoch) and as
 CSC (its transpose products), the hot part as CSR (row margins) and CSC (the gradient, the
-Hessian's columns), the constant as the hot block's last column (value ``bias_scale``).
+Hessian's columns), the constant as the hot block's last column (value ``bias_scale``). Made in
+a few passes over the non-zeros (numba): the device's set-up, not a cost of every round.
 """
 
 from __future__ import annotations
@@ -27,11 +28,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
+from numba import njit
 
 from terascale.solvers.data import CSRData
 
 DEFAULT_MAX_HOT = 8192  # the Hessian: 8192² float64 = 512 MiB on the device; Cholesky ~0.2 TFLOP
+#: the Hessian's products Σ_i h_i (h_i + 1) / 2 at most this many times the non-zeros (the click
+#: benchmark's 2M rows at τ = 4,224: 922M for 67M non-zeros, 13.8x)
+WORK_PER_NNZ = 32
 
 
 @dataclass(frozen=True)
@@ -41,10 +45,6 @@ class Sparse:
     ptr: np.ndarray
     idx: np.ndarray
     val: np.ndarray
-
-    @classmethod
-    def of(cls, m: sp.csr_matrix | sp.csc_matrix) -> Sparse:
-        return cls(m.indptr.astype(np.int64), m.indices.astype(np.int32), m.data.astype(np.float32))
 
     @property
     def nnz(self) -> int:
@@ -81,8 +81,9 @@ def choose_hot(omega: np.ndarray, n_rows: int, tau_max: int, max_hot: int,
     first, at most ``max_hot`` in all. When some qualifying feature is left out, τ becomes
     n // ω of the most frequent cold feature (at least 1), so every cold feature is held by at most
     n / τ rows. τ never exceeds ``tau_max`` or the rows."""
-    if tau_max < 1 or max_hot < 0:
-        raise ValueError(f"tau_max = {tau_max} and max_hot = {max_hot}: expected >= 1 and >= 0")
+    if tau_max < 1 or max_hot < (0 if constant is None else 1):
+        raise ValueError(f"tau_max = {tau_max} and max_hot = {max_hot}: expected >= 1 and >= 1 "
+                         "(>= 0 without a constant)")
     omega = np.asarray(omega, np.int64)
     n_rows = int(n_rows)
     tau = max(1, min(int(tau_max), n_rows))
@@ -103,31 +104,147 @@ def choose_hot(omega: np.ndarray, n_rows: int, tau_max: int, max_hot: int,
     return hot.astype(np.int64), int(tau)
 
 
-def split(data: CSRData, bias_scale: float, tau_max: int, max_hot: int = DEFAULT_MAX_HOT) -> HotSplit:
-    """The split of ``data`` (+ the constant column of value ``bias_scale``, unless 0) for
-    ``tau_max`` rows in flight at most (see ``choose_hot``)."""
+@njit(cache=True)
+def _pair_work(indptr, indices, is_hot, extra):
+    """Σ_i h_i (h_i + 1) / 2, h_i = row i's entries with ``is_hot`` + ``extra`` (the constant)."""
+    total = 0
+    for i in range(indptr.shape[0] - 1):
+        h = extra
+        for k in range(indptr[i], indptr[i + 1]):
+            h += is_hot[indices[k]]
+        total += h * (h + 1) // 2
+    return total
+
+
+@dataclass(frozen=True)
+class HotPlan:
+    """What ``plan`` chose: the hot ids, the rows in flight (of ``tau_max`` asked for), the
+    Hessian's products, the rows holding each feature."""
+
+    hot: np.ndarray
+    tau: int
+    tau_max: int
+    work: int
+    omega: np.ndarray
+
+
+def plan(data: CSRData, bias_scale: float, tau_max: int, max_hot: int = DEFAULT_MAX_HOT,
+         work_per_nnz: float = WORK_PER_NNZ) -> HotPlan:
+    """``choose_hot`` with at most ``max_hot`` features, halved until the Hessian's products
+    (``hessian_work``) are at most ``work_per_nnz`` times the non-zeros: long rows (text) make
+    the block's Hessian quadratic in a row's hot entries, and then fewer hot features (and fewer
+    rows in flight) are taken. A few passes over the indices (numba)."""
     n, d = data.n_rows, data.n_features
-    x = sp.csr_matrix((data.values.astype(np.float64), data.indices, data.indptr), shape=(n, d))
+    omega = np.bincount(data.indices, minlength=d + 1).astype(np.int64)
     constant = None
     if bias_scale != 0.0:
-        x = sp.hstack([x, sp.csr_matrix(np.full((n, 1), float(bias_scale)))], format="csr")
+        omega[d] = n
         constant = d
-    else:
-        x = sp.hstack([x, sp.csr_matrix((n, 1))], format="csr")  # the constant's slot, empty
-    x.sort_indices()
-    omega = np.bincount(x.indices, minlength=d + 1)
-    hot, tau = choose_hot(omega, n, tau_max, max_hot, constant)
-    is_hot = np.zeros(d + 1, np.bool_)
-    is_hot[hot] = True
-    cold = np.flatnonzero(~is_hot).astype(np.int64)
-    xc = x[:, cold].tocsr()
-    xh = x[:, hot].tocsr()
-    xc.sort_indices()
-    xh.sort_indices()
-    omega_c = omega[cold].astype(np.float64)
-    beta = 1.0 + np.maximum(omega_c - 1.0, 0.0) * (tau - 1) / max(1, n - 1)
-    sqn = np.asarray(xc.multiply(xc) @ beta).ravel() if n else np.zeros(0)
-    h = np.diff(xh.indptr).astype(np.int64)
-    return HotSplit(hot=hot, cold=cold, tau=tau, cold_rows=Sparse.of(xc), cold_cols=Sparse.of(xc.tocsc()),
-                    hot_rows=Sparse.of(xh), hot_cols=Sparse.of(xh.tocsc()), sqn=sqn.astype(np.float64),
-                    hessian_work=int(np.sum(h * (h + 1) // 2)))
+    extra = 0 if constant is None else 1
+    budget = work_per_nnz * max(data.nnz + extra * n, 1)
+    cap = int(max_hot)
+    while True:
+        hot, tau = choose_hot(omega, n, tau_max, cap, constant)
+        is_hot = np.zeros(d + 1, np.int8)
+        is_hot[hot] = 1
+        is_hot[d] = 0  # the constant is not in the indices; ``extra`` counts it
+        work = int(_pair_work(data.indptr.astype(np.int64), data.indices, is_hot, extra if constant is not None and hot.size else 0))
+        if work <= budget or cap <= 1:
+            return HotPlan(hot, tau, int(tau_max), work, omega)
+        cap = min(cap, hot.shape[0]) // 2
+
+
+@njit(cache=True)
+def _partition(indptr, indices, values, is_hot, new_id, bias_scale, constant):
+    """The rows' hot and cold entries (new ids), the constant (id ``constant`` >= 0) appended to
+    every row's hot part: (hot_ptr, hot_idx, hot_val, cold_ptr, cold_idx, cold_val)."""
+    n = indptr.shape[0] - 1
+    hot_ptr = np.zeros(n + 1, np.int64)
+    cold_ptr = np.zeros(n + 1, np.int64)
+    extra = 1 if constant >= 0 else 0
+    for i in range(n):
+        h = extra
+        for k in range(indptr[i], indptr[i + 1]):
+            h += is_hot[indices[k]]
+        hot_ptr[i + 1] = hot_ptr[i] + h
+        cold_ptr[i + 1] = cold_ptr[i] + (indptr[i + 1] - indptr[i]) - (h - extra)
+    hot_idx = np.empty(hot_ptr[n], np.int32)
+    hot_val = np.empty(hot_ptr[n], np.float32)
+    cold_idx = np.empty(cold_ptr[n], np.int32)
+    cold_val = np.empty(cold_ptr[n], np.float32)
+    for i in range(n):
+        a = hot_ptr[i]
+        b = cold_ptr[i]
+        for k in range(indptr[i], indptr[i + 1]):
+            j = indices[k]
+            if is_hot[j]:
+                hot_idx[a] = new_id[j]
+                hot_val[a] = values[k]
+                a += 1
+            else:
+                cold_idx[b] = new_id[j]
+                cold_val[b] = values[k]
+                b += 1
+        if constant >= 0:
+            hot_idx[a] = new_id[constant]
+            hot_val[a] = bias_scale
+    return hot_ptr, hot_idx, hot_val, cold_ptr, cold_idx, cold_val
+
+
+@njit(cache=True)
+def _transpose(ptr, idx, val, n_cols):
+    """The CSC of a CSR matrix (counting sort: rows ascend within each column)."""
+    colptr = np.zeros(n_cols + 1, np.int64)
+    for k in range(idx.shape[0]):
+        colptr[idx[k] + 1] += 1
+    for j in range(n_cols):
+        colptr[j + 1] += colptr[j]
+    fill = colptr[:-1].copy()
+    rows = np.empty(idx.shape[0], np.int32)
+    vals = np.empty(idx.shape[0], np.float32)
+    for i in range(ptr.shape[0] - 1):
+        for k in range(ptr[i], ptr[i + 1]):
+            j = idx[k]
+            rows[fill[j]] = i
+            vals[fill[j]] = val[k]
+            fill[j] += 1
+    return colptr, rows, vals
+
+
+@njit(cache=True)
+def _cold_sqn(ptr, idx, val, beta):
+    out = np.zeros(ptr.shape[0] - 1)
+    for i in range(ptr.shape[0] - 1):
+        acc = 0.0
+        for k in range(ptr[i], ptr[i + 1]):
+            v = np.float64(val[k])
+            acc += beta[idx[k]] * v * v
+        out[i] = acc
+    return out
+
+
+def split(data: CSRData, bias_scale: float, tau_max: int, max_hot: int = DEFAULT_MAX_HOT,
+          chosen: HotPlan | None = None) -> HotSplit:
+    """The split of ``data`` (+ the constant column of value ``bias_scale``, unless 0) by
+    ``chosen`` (default: ``plan(data, bias_scale, tau_max, max_hot)``). A feature's ω counts its
+    entries (a duplicate within a row twice: an upper bound, as the ESO needs)."""
+    n, d = data.n_rows, data.n_features
+    chosen = chosen or plan(data, bias_scale, tau_max, max_hot)
+    hot, tau, omega = chosen.hot, chosen.tau, chosen.omega
+    constant = d if bias_scale != 0.0 else None
+    values = data.values if data.values is not None else np.ones(data.indices.shape[0], np.float32)
+    is_hot = np.zeros(d + 1, np.int8)
+    is_hot[hot] = 1
+    cold = np.flatnonzero(is_hot == 0).astype(np.int64)
+    new_id = np.empty(d + 1, np.int32)
+    new_id[hot] = np.arange(hot.shape[0], dtype=np.int32)
+    new_id[cold] = np.arange(cold.shape[0], dtype=np.int32)
+    with_constant = constant is not None and bool(is_hot[d])
+    hp, hi, hv, cp, ci, cv = _partition(data.indptr.astype(np.int64), data.indices, values, is_hot, new_id,
+                                        np.float32(bias_scale), d if with_constant else -1)
+    beta = 1.0 + np.maximum(omega[cold] - 1.0, 0.0) * (tau - 1) / max(1, n - 1)
+    h = np.diff(hp)
+    return HotSplit(hot=hot, cold=cold, tau=tau, cold_rows=Sparse(cp, ci, cv),
+                    cold_cols=Sparse(*_transpose(cp, ci, cv, cold.shape[0])),
+                    hot_rows=Sparse(hp, hi, hv), hot_cols=Sparse(*_transpose(hp, hi, hv, hot.shape[0])),
+                    sqn=_cold_sqn(cp, ci, cv, beta), hessian_work=int(np.sum(h * (h + 1) // 2)))

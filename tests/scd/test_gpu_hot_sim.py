@@ -259,6 +259,26 @@ def test_hessian_segments_cover_every_column_in_runs_of_at_most_the_segment():
     assert all(colptr[c] <= s < colptr[c + 1] for c, s in zip(col, start, strict=True))
 
 
+def test_plan_halves_the_hot_set_until_the_hessians_products_fit_the_budget():
+    """Long rows: the Hessian's products grow with the square of a row's hot entries; the plan
+    halves the hot set until they fit, lowering the rows in flight, and a plan that kept less
+    than a quarter of them is not the default."""
+    from terascale.solvers.scd.gpu_hot_solver import worth_it
+    from terascale.solvers.scd.hot_split import plan
+
+    d = zipf_rows("logistic", n=400, d=60, per=30, seed=5)
+    full = plan(d, 1.0, 64, 64, work_per_nnz=1e9)
+    xd = d.to_scipy().toarray()
+    h = (xd[:, full.hot[:-1]] != 0).sum(axis=1) + 1  # + the constant
+    assert full.hot.size == 61 and full.tau == 64 and full.work == int((h * (h + 1) // 2).sum())
+    budget = 8 * (d.nnz + d.n_rows)
+    tight = plan(d, 1.0, 64, 64, work_per_nnz=8)
+    assert tight.work <= budget < full.work and tight.hot.size == 30 and tight.hot[-1] == d.n_features
+    assert tight.tau == 6 and (np.bincount(d.indices, minlength=61)[np.setdiff1d(np.arange(60), tight.hot)]
+                               * tight.tau <= d.n_rows).all()
+    assert worth_it(full) and not worth_it(tight)
+
+
 @pytest.mark.parametrize("max_hot", [64, 3])
 def test_split_is_a_partition_of_the_columns_and_cold_features_are_in_few_rows(max_hot):
     from terascale.solvers.scd.hot_split import split
