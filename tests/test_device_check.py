@@ -73,8 +73,8 @@ def test_the_steps_import_the_installed_wheel_not_the_tree(rehearsal):
 def test_the_gpu_tests_step_runs_every_gpu_test_and_the_simulator_skips_them(rehearsal):
     _, js = rehearsal
     t = js["gpu_tests.json"]
-    assert t["files"] == ["tests/scd/test_gpu_sim.py"]
-    assert t["counts"] == {"passed": 0, "failed": 0, "error": 0, "skipped": 4}
+    assert t["files"] == ["tests/scd/test_gpu_hot_sim.py", "tests/scd/test_gpu_sim.py"]
+    assert t["counts"] == {"passed": 0, "failed": 0, "error": 0, "skipped": 6}
     assert all("simulator is not one" in c["message"] for c in t["cases"])
 
 
@@ -84,21 +84,27 @@ def test_the_gpu_benchmark_ran_every_solver_on_the_simulated_device(rehearsal):
     g = js["gpu_scd.json"]
     assert "simulator" in g["device"] and g["rows"] == 160 and g["features"] == 256
     assert set(g["problems"]) == {"logistic_dual", "squared_dual", "squared_primal"}
-    for name, runs in g["problems"].items():
-        # the duals also on fewer blocks: the simulator holds one block at a time, so 1
-        assert set(runs) == {"cpu_seq", "cpu_threads", "gpu"} | ({"gpu_blocks_1"} if name.endswith("dual") else set())
+    assert set(g["wide"]["problems"]) == {"logistic_dual", "squared_dual"} and g["wide"]["features"] == 1024
+    assert set(g["webspam"]["problems"]) == {"squared_dual"} and g["webspam"]["rows"] == 40
+    sets = [g["problems"], g["wide"]["problems"], g["webspam"]["problems"]]
+    for name, runs in [item for problems in sets for item in problems.items()]:
+        dual = name.endswith("dual")
+        assert set(runs) == {"cpu_seq", "cpu_threads", "gpu"} | ({"gpu_damped"} if dual else set())
         assert runs["cpu_seq"]["threads"] == 1 and runs["cpu_threads"]["threads"] == os.cpu_count()
-        gpu = runs["gpu"]
-        assert 1 <= gpu["rounds"] <= 4 and gpu["pcie"]["bytes_up"] > 0 and gpu["pcie"]["bytes_down"] > 0
-        assert gpu["epoch_s"] > 0 and (gpu["gamma_median"] is None or gpu["gamma_median"] > 0)
-        if name.endswith("dual"):
-            assert (gpu["blocks"], gpu["concurrency"]) == (160, 1)
-            assert (runs["gpu_blocks_1"]["blocks"], runs["gpu_blocks_1"]["concurrency"]) == (1, 1)
+        for gpu in [runs["gpu"]] + ([runs["gpu_damped"]] if dual else []):
+            assert 1 <= gpu["rounds"] <= 4 and gpu["pcie"]["bytes_up"] > 0 and gpu["pcie"]["bytes_down"] > 0
+            assert gpu["epoch_s"] > 0 and gpu["setup_s"] > 0
+        if dual:  # the hot block by default (one block at a time: the constant alone is hot)
+            hot, damped = runs["gpu"], runs["gpu_damped"]
+            assert hot["variant"] == "GpuHotDualProblem" and damped["variant"] == "GpuDualProblem"
+            assert hot["hot"]["features"] == 1 and hot["hot"]["tau"] == 1 and hot["concurrency"] == 1
+            assert hot["hot"]["newton_steps"] in (4 * hot["rounds"], 4 * hot["rounds"] + 4)  # + a discarded last
+            assert damped["concurrency"] == 1
             # one block at a time: no damping, each row's coefficient exactly its own
-            assert gpu["eso_step_ratio"] == pytest.approx(1.0, rel=1e-12)
+            assert damped["eso_step_ratio"] == pytest.approx(1.0, rel=1e-12)
         for r in runs.values():
             assert (r["epochs_to_gap"] is None) == (r["seconds_to_gap"] is None)
-    reached = [r for runs in g["problems"].values() for r in runs.values() if r["epochs_to_gap"]]
+    reached = [r for problems in sets for runs in problems.values() for r in runs.values() if r["epochs_to_gap"]]
     assert reached  # at the rehearsal's gap (2e-2) some runs get there within 4 rounds
 
 
@@ -199,8 +205,9 @@ def test_junit_results_read_every_outcome(tmp_path):
         ("a::err", "error", 0.0, "setup"), ("a::skip", "skipped", 0.0, "no GPU")]
 
 
-def _run(seconds=None, epochs=None, capped=None):
-    r = {"seconds_to_gap": seconds, "epochs_to_gap": epochs}
+def _run(seconds=None, epochs=None, capped=None, setup=1.0):
+    r = {"seconds_to_gap": seconds, "epochs_to_gap": epochs,
+         "seconds_to_gap_with_setup": None if seconds is None else seconds + setup}
     if capped:
         r["capped"] = {"seconds": capped[0], "epochs": capped[1], "gap_over_p0": 1e-3}
     return r
@@ -209,8 +216,9 @@ def _run(seconds=None, epochs=None, capped=None):
 def test_speedups_against_a_capped_cpu_run_are_lower_bounds():
     from tests.benchmarks.bench_gpu_scd import ratios
 
-    gpu = _run(2.0, 10)
-    assert ratios(gpu, _run(80.0, 8), "seq") == {"speedup_vs_seq": 40.0, "epochs_vs_seq": 1.25}
+    gpu = _run(2.0, 10, setup=2.0)
+    assert ratios(gpu, _run(80.0, 8, setup=0.0), "seq") == {
+        "speedup_vs_seq": 40.0, "speedup_with_setup_vs_seq": 20.0, "epochs_vs_seq": 1.25}
     assert ratios(gpu, _run(capped=(40.0, 5)), "seq") == {
         "speedup_vs_seq": None, "epochs_vs_seq": None, "speedup_vs_seq_at_least": 20.0,
         "epochs_vs_seq_at_most": 2.0}
@@ -218,23 +226,31 @@ def test_speedups_against_a_capped_cpu_run_are_lower_bounds():
 
 
 def test_the_targets_are_judged_from_the_figures():
-    def gpu_scd(seq, threads, epochs):
-        return {"problems": {"squared_dual": {"gpu": {"speedup_vs_seq": seq, "speedup_vs_threads": threads,
-                                                       "epochs_vs_seq": epochs}}}}
+    def duals(seq, threads, epochs):
+        run = {"gpu": {"speedup_vs_seq": seq, "speedup_vs_threads": threads, "epochs_vs_seq": epochs}}
+        return {"problems": {"squared_dual": run, "logistic_dual": run}}
+
+    def gpu_scd(seq, threads, epochs, webspam):
+        return {**duals(seq, threads, epochs), "wide": duals(seq, threads, epochs),
+                "webspam": {"problems": {"squared_dual": {"gpu": {"speedup_vs_seq": webspam}}}}}
 
     def allreduce(frac, k8):
         return {"ciphers": {"aes-gcm": {"k2_fraction_of_loopback": frac, "k8_over_k2_time": k8}}}
 
+    def threads(speedup):
+        return {"per_threads": {"16": {"gradient": {"speedup": speedup}}}}
+
+    n = 1 + 12 + 1 + 2 + 1  # the GPU tests, 2 data sets x 2 duals x 3, webspam, AllReduce, threads
     counts = {"passed": 4, "failed": 0, "error": 0, "skipped": 0}
-    good = check.judge({"gpu_tests": {"counts": counts}, "gpu_scd": gpu_scd(40, 12, 1.0),
-                        "allreduce": allreduce(0.7, 1.5)}, rehearsal=False)
-    assert [t["met"] for t in good] == [True] * 6
-    bad = check.judge({"gpu_tests": {"counts": {**counts, "skipped": 1}}, "gpu_scd": gpu_scd(20, 5, 1.3),
-                       "allreduce": allreduce(0.5, 2.5)}, rehearsal=False)
-    assert [t["met"] for t in bad] == [False] * 6
+    good = check.judge({"gpu_tests": {"counts": counts}, "gpu_scd": gpu_scd(40, 12, 2.0, 35),
+                        "allreduce": allreduce(0.7, 1.5), "threads": threads(8.5)}, rehearsal=False)
+    assert [t["met"] for t in good] == [True] * n
+    bad = check.judge({"gpu_tests": {"counts": {**counts, "skipped": 1}}, "gpu_scd": gpu_scd(20, 5, 2.1, 30),
+                       "allreduce": allreduce(0.5, 2.5), "threads": threads(4.5)}, rehearsal=False)
+    assert [t["met"] for t in bad] == [False] * n
     # a capped CPU run: the lower bound is judged
-    capped = {"problems": {"squared_dual": {"gpu": {"speedup_vs_seq": None, "speedup_vs_seq_at_least": 50}}}}
+    capped = {"problems": {"logistic_dual": {"gpu": {"speedup_vs_seq": None, "speedup_vs_seq_at_least": 50}}}}
     assert check.judge({"gpu_scd": capped}, rehearsal=False)[1] == {
         "target": check.TARGETS[0][1], "value": 50, "met": True}
     # a step without figures: no value, nothing judged
-    assert [t["met"] for t in check.judge({}, rehearsal=False)] == [None] * 6
+    assert [t["met"] for t in check.judge({}, rehearsal=False)] == [None] * n

@@ -209,6 +209,21 @@ def gap_partials(loss, labels, weights, z, ca_hat, part):
 
 
 @cuda.jit
+def dual_partials(loss, labels, weights, alpha, ca, part):
+    """ca[i] = c_i α_i; part[b, 0] = Σ c h(α_i) over block b's share (the iterates' own dual)."""
+    buf = cuda.shared.array(0, float64)
+    tid = cuda.threadIdx.x
+    acc = 0.0
+    for i in range(cuda.grid(1), alpha.shape[0], cuda.gridsize(1)):
+        c = float64(weights[i])
+        ca[i] = c * alpha[i]
+        acc += c * _dual_value(loss, float64(labels[i]), alpha[i])
+    total = _block_sum(buf, tid, acc)
+    if tid == 0:
+        part[cuda.blockIdx.x, 0] = total
+
+
+@cuda.jit
 def dot_partials(a, b, part):
     """part[blk, 0] = Σ a_i b_i over block blk's share."""
     buf = cuda.shared.array(0, float64)

@@ -142,10 +142,10 @@ class GpuHotDualProblem(GapThenProposal):
     The shared vector is the point ``w = (u, w_H)`` itself; a round runs the epochs on the device
     and brings w down (``8 S`` bytes); gamma is 1 (the cold steps are SDCA's exact steps with
     sigma' = 1, the hot block's Newton steps take their own line search). Gap pieces:
-    ``(Σ c φ(z), Σ c h(α̂), ||w(α̂)||²)`` with ``α̂ = −φ'(z)``, so ``P = Σ c φ / N + λ/2 ||w||²`` and
-    ``D = Σ c h / N − λ/2 ||w(α̂)||²``."""
+    ``(Σ c φ(z), Σ c h(α̂), ||w(α̂)||², Σ c h(α), ||w(α)||²)`` with ``α̂ = −φ'(z)``, so
+    ``P = Σ c φ / N + λ/2 ||w||²`` and ``D = max over a in (α̂, α) of Σ c h(a) / N − λ/2 ||w(a)||²``."""
 
-    eval_len = 3
+    eval_len = 5
     line_len = 0
     previous_gamma: float | None = None
 
@@ -173,7 +173,8 @@ class GpuHotDualProblem(GapThenProposal):
     def objectives(self, sums: np.ndarray) -> tuple[float, float]:
         lam = self.p.l2
         return (sums[0] / self.n_weight + 0.5 * lam * seq_dot(self.w, self.w),
-                sums[1] / self.n_weight - 0.5 * lam * sums[2])
+                max(sums[1] / self.n_weight - 0.5 * lam * sums[2],
+                    sums[3] / self.n_weight - 0.5 * lam * sums[4]))
 
     def propose(self, round_index: int) -> None:
         self.solver.run(self.p.local_epochs, self.p.seed, self.comm.rank, round_index)

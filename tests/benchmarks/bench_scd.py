@@ -66,8 +66,9 @@ _SERVER = {"io_timeout_s": 600.0, "startup_timeout_s": 120.0, "handshake_timeout
 # Data and helpers
 
 
-def click_data(rows: int, seed: int = SEED) -> CSRData:
-    """Generated click logs (cached under bench-results/data), parsed and hashed to CSR."""
+def click_data(rows: int, seed: int = SEED, bits: int | None = None) -> CSRData:
+    """Generated click logs (cached under bench-results/data), parsed and hashed to CSR into
+    2^bits features (default ``BITS``)."""
     from terascale.jobs.config import CRITEO_FIELDS
     from terascale.pipeline.blocks import BlockParser
     from terascale.pipeline.spec import FeatureSpec
@@ -75,11 +76,12 @@ def click_data(rows: int, seed: int = SEED) -> CSRData:
 
     folder = generated_logs(rows, 1, seed)
     raw = np.fromfile(folder / "part-00000.tsv", dtype=np.uint8)
-    spec = FeatureSpec(format="criteo", bits=BITS, fields=CRITEO_FIELDS)
+    bits = BITS if bits is None else int(bits)
+    spec = FeatureSpec(format="criteo", bits=bits, fields=CRITEO_FIELDS)
     pb = BlockParser(spec, 1 << 16).parse(raw)
     n = pb.labels.shape[0]
     return CSRData(pb.indptr.copy(), pb.indices.copy(), pb.values.copy(), pb.labels.copy(),
-                   np.ones(n, np.float32), 1 << BITS)
+                   np.ones(n, np.float32), 1 << bits)
 
 
 def split_rows(data: CSRData, k: int) -> list[CSRData]:

@@ -4,8 +4,10 @@
 
 * ``gpu_tests``: pytest ``-m gpu`` over the test files that hold ``gpu`` tests; per test its
   outcome and seconds (from pytest's JUnit XML), and the counts;
-* ``gpu_scd``: :mod:`tests.benchmarks.bench_gpu_scd` (TPA-SCD against the CPU solvers with 1
-  thread and with every core, logistic and ridge in the dual, ridge in the primal);
+* ``gpu_scd``: :mod:`tests.benchmarks.bench_gpu_scd` (TPA-SCD, the hot-block dual and the damped
+  one, against the CPU solvers with 1 thread and with every core: logistic and ridge in the dual
+  on the click rows at 2^20 and 2^24 features, ridge on webspam-shaped rows; the rehearsal adds
+  ridge in the primal);
 * ``allreduce``: :func:`tests.benchmarks.bench_allreduce.measure` at K = 2, 4, 8, every
   cipher, against raw loopback TCP (no Spark there: no treeAggregate);
 * ``threads``: :mod:`tests.benchmarks.bench_threads` at 1, 2, 4, … threads up to the cores.
@@ -32,13 +34,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "gpu_scd": {
-        "device": {"TERASCALE_BENCH_GPU_ROWS": "2000000", "TERASCALE_BENCH_GPU_CPU_CAP_S": "30"},
+        # the duals the targets read (the primal's CPU runs would spend a minute at their caps)
+        "device": {"TERASCALE_BENCH_GPU_ROWS": "2000000", "TERASCALE_BENCH_GPU_CPU_CAP_S": "30",
+                   "TERASCALE_BENCH_GPU_PROBLEMS": "logistic_dual,squared_dual"},
         # 2^8 buckets: the primal solver launches a thread block per column, and every simulated
         # thread is a Python thread
         "rehearsal": {"TERASCALE_BENCH_GPU_ROWS": "160", "TERASCALE_BENCH_GPU_WARMUP_ROWS": "40",
                       "TERASCALE_BENCH_GPU_MAX_ROUNDS": "4", "TERASCALE_BENCH_GPU_EPS": "2e-2",
                       "TERASCALE_BENCH_GPU_CPU_CAP_S": "5",
-                      "TERASCALE_BENCH_SCD_BITS": "8"},
+                      "TERASCALE_BENCH_SCD_BITS": "8", "TERASCALE_BENCH_GPU_WIDE_BITS": "10",
+                      "TERASCALE_BENCH_GPU_WEBSPAM_ROWS": "40",
+                      "TERASCALE_BENCH_GPU_WEBSPAM_FEATURES": "400",
+                      "TERASCALE_BENCH_GPU_WEBSPAM_LENGTH": "30"},
     },
     "allreduce": {
         "device": {"ks": (2, 4, 8), "rounds": 2, "n": 1 << 24, "no_overlap_ks": (2,)},
