@@ -105,15 +105,19 @@ def choose_hot(omega: np.ndarray, n_rows: int, tau_max: int, max_hot: int,
 
 
 @njit(cache=True)
-def _pair_work(indptr, indices, is_hot, extra):
-    """Σ_i h_i (h_i + 1) / 2, h_i = row i's entries with ``is_hot`` + ``extra`` (the constant)."""
+def _pair_work(indptr, indices, is_hot, extra, stride):
+    """Σ_i h_i (h_i + 1) / 2 over every ``stride``-th row, h_i = row i's entries with ``is_hot``
+    + ``extra`` (the constant)."""
     total = 0
-    for i in range(indptr.shape[0] - 1):
+    for i in range(0, indptr.shape[0] - 1, stride):
         h = extra
         for k in range(indptr[i], indptr[i + 1]):
             h += is_hot[indices[k]]
         total += h * (h + 1) // 2
     return total
+
+
+SAMPLE_ROWS = 1 << 16  # the halving search estimates the Hessian's products from about this many rows
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,9 @@ def plan(data: CSRData, bias_scale: float, tau_max: int, max_hot: int = DEFAULT_
     """``choose_hot`` with at most ``max_hot`` features, halved until the Hessian's products
     (``hessian_work``) are at most ``work_per_nnz`` times the non-zeros: long rows (text) make
     the block's Hessian quadratic in a row's hot entries, and then fewer hot features (and fewer
-    rows in flight) are taken. A few passes over the indices (numba)."""
+    rows in flight) are taken. The halving is steered by a sample of rows (every
+    n / ``SAMPLE_ROWS``-th); the products of the plan returned are counted over every row
+    (numba passes over the indices)."""
     n, d = data.n_rows, data.n_features
     omega = np.bincount(data.indices, minlength=d + 1).astype(np.int64)
     constant = None
@@ -142,13 +148,18 @@ def plan(data: CSRData, bias_scale: float, tau_max: int, max_hot: int = DEFAULT_
         constant = d
     extra = 0 if constant is None else 1
     budget = work_per_nnz * max(data.nnz + extra * n, 1)
+    indptr = data.indptr.astype(np.int64)
+    stride = max(1, n // SAMPLE_ROWS)
     cap = int(max_hot)
     while True:
         hot, tau = choose_hot(omega, n, tau_max, cap, constant)
         is_hot = np.zeros(d + 1, np.int8)
         is_hot[hot] = 1
         is_hot[d] = 0  # the constant is not in the indices; ``extra`` counts it
-        work = int(_pair_work(data.indptr.astype(np.int64), data.indices, is_hot, extra if constant is not None and hot.size else 0))
+        ext = extra if hot.size else 0
+        # the search on every stride-th row (scaled up), the answer counted on all of them
+        fits = stride == 1 or _pair_work(indptr, data.indices, is_hot, ext, stride) * stride <= budget
+        work = int(_pair_work(indptr, data.indices, is_hot, ext, 1)) if fits or cap <= 1 else budget + 1
         if work <= budget or cap <= 1:
             return HotPlan(hot, tau, int(tau_max), work, omega)
         cap = min(cap, hot.shape[0]) // 2

@@ -282,6 +282,19 @@ def test_plan_halves_the_hot_set_until_the_hessians_products_fit_the_budget():
     assert worth_it(full) and not worth_it(tight)
 
 
+def test_plan_steered_by_a_sample_of_rows_counts_its_answer_on_every_row(monkeypatch):
+    from terascale.solvers.scd import hot_split
+
+    d = zipf_rows("logistic", n=400, d=60, per=30, seed=5)
+    exact = hot_split.plan(d, 1.0, 64, 64, work_per_nnz=8)
+    monkeypatch.setattr(hot_split, "SAMPLE_ROWS", 40)  # every 10th row steers the halving
+    sampled = hot_split.plan(d, 1.0, 64, 64, work_per_nnz=8)
+    xd = d.to_scipy().toarray()
+    h = (xd[:, sampled.hot[:-1]] != 0).sum(axis=1) + 1
+    assert sampled.work == int((h * (h + 1) // 2).sum()) <= 8 * (d.nnz + d.n_rows)
+    assert sampled.hot.tolist() == exact.hot.tolist() and sampled.tau == exact.tau
+
+
 @pytest.mark.parametrize("max_hot", [64, 3])
 def test_split_is_a_partition_of_the_columns_and_cold_features_are_in_few_rows(max_hot):
     from terascale.solvers.scd.hot_split import split
