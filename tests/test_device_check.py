@@ -120,8 +120,9 @@ def test_the_allreduce_and_thread_steps_measured_something(rehearsal):
     t = js["threads.json"]
     assert t["threads"] == [1, 2] and set(t["per_threads"]) == {"1", "2"}
     one, two = t["per_threads"]["1"], t["per_threads"]["2"]
-    for kind in ("online", "gradient", "gather"):
+    for kind in ("online", "gradient", "gradient_by_columns", "gather"):
         assert one[kind]["median_per_s"] > 0 and two[kind]["speedup"] > 0
+    assert t["gradient_by_columns_same_bits"] and t["csc_build_s"] > 0
     # one pass over the same rows: the Hogwild pass's progressive loss stays near the sequential one
     assert abs(one["online"]["progressive_loss"][0] - two["online"]["progressive_loss"][0]) < 0.05
     assert two["online"]["hot_features"] > 0

@@ -12,6 +12,9 @@ rounds (T = 1, 2, 4, … then again; this machine's speed drifts):
 * ``gradient``: one loss + gradient evaluation as L-BFGS runs it (the rank's working table in
   compact numbering, :class:`solvers.lbfgs.LBFGSPhase`'s objective): T blocks of rows, block
   b > 0 into a table of its own, merged in block order;
+* ``gradient_by_columns``: the same loss and gradient made of gathers only (rows, then columns
+  of a CSC copy; :mod:`tests.benchmarks.gradient_by_columns`, a prototype), the copy's making
+  timed apart (``csc_build_s``), and whether every T gave the features' gradient bits of T = 1;
 * ``gather``: a yardstick, T threads each summing ``w[j]`` over its block's indices (a float64
   weight per hashed bucket, no arithmetic to speak of): the machine's random-read rate for this
   index stream in hashed ids, as the online pass reads its table. (The gradient pass reads a
@@ -95,6 +98,7 @@ def _rates(seconds: list[float], work: int, base: float | None, t: int) -> dict[
 def measure(rows: int, bits: int, counts: tuple[int, ...], repeats: int) -> dict[str, Any]:
     from terascale.solvers.data import CSRData
     from tests.benchmarks.bench_online_kernel import synthetic_csr
+    from tests.benchmarks.gradient_by_columns import ColumnGradient
     from tests.benchmarks.memory_threads import online_rates
 
     t0 = time.perf_counter()
@@ -107,23 +111,35 @@ def measure(rows: int, bits: int, counts: tuple[int, ...], repeats: int) -> dict
     online = online_rates(csr, counts, repeats)
     phases = _gradient_phases(csr, counts)
     grad_s: dict[int, list[float]] = {t: [] for t in counts}
+    cols_s: dict[int, list[float]] = {t: [] for t in counts}
     gather_s: dict[int, list[float]] = {t: [] for t in counts}
     w = np.random.default_rng(0).random(1 << bits)
+    t1 = time.perf_counter()
+    by_cols = ColumnGradient(indptr, indices, labels, weights)
+    out["csc_build_s"] = time.perf_counter() - t1
+    theta = 0.01 * np.random.default_rng(1).standard_normal(by_cols.dim)
     with ThreadPoolExecutor(max(counts)) as pool:
-        for t in counts:  # warm: thread tables, the gather kernel
+        bits_of = {}
+        for t in counts:  # warm: thread tables, the kernels
             phases[t].objective.evaluate(phases[t].theta)
+            bits_of[t] = by_cols.evaluate(theta, pool, t)[1][1:].tobytes()  # [0]: block order
             _gather_seconds(csr, t, pool, w)
+        out["gradient_by_columns_same_bits"] = len(set(bits_of.values())) == 1
         for _ in range(repeats):
             for t in counts:
                 t1 = time.perf_counter()
                 ev = phases[t].objective.evaluate(phases[t].theta)
                 grad_s[t].append(time.perf_counter() - t1)
                 assert ev.finite
+                t1 = time.perf_counter()
+                by_cols.evaluate(theta, pool, t)
+                cols_s[t].append(time.perf_counter() - t1)
                 gather_s[t].append(_gather_seconds(csr, t, pool, w))
     for p in phases.values():
         p.run.threads.close()
     base = {"online": statistics.median(online[1]["seconds"]) if 1 in online else None,
             "gradient": statistics.median(grad_s[1]) if 1 in grad_s else None,
+            "gradient_by_columns": statistics.median(cols_s[1]) if 1 in cols_s else None,
             "gather": statistics.median(gather_s[1]) if 1 in gather_s else None}
     per_t = {}
     for t in counts:
@@ -133,6 +149,7 @@ def measure(rows: int, bits: int, counts: tuple[int, ...], repeats: int) -> dict
                        "progressive_loss": o["progressive_loss"], "hot_features": o["hot_features"],
                        "relabel_seconds": o["relabel_seconds"], "unlabel_seconds": o["unlabel_seconds"]},
             "gradient": _rates(grad_s[t], work, base["gradient"], t),
+            "gradient_by_columns": _rates(cols_s[t], work, base["gradient_by_columns"], t),
             "gather": _rates(gather_s[t], int(csr.nnz), base["gather"], t),
         }
     out["per_threads"] = per_t
@@ -144,7 +161,7 @@ def _print(fig: dict) -> None:
     print(f"{fig['rows']} rows, {fig['nnz']} non-zeros, 2^{fig['bits']} buckets, {fig['cores']} cores")
     for t, f in fig["per_threads"].items():
         cells = [f"{k} {f[k]['median_per_s'] / 1e6:7.1f} M/s" + (f" ({f[k]['speedup']:.2f}x)" if "speedup" in f[k] else "")
-                 for k in ("online", "gradient", "gather")]
+                 for k in ("online", "gradient", "gradient_by_columns", "gather")]
         print(f"  T={t:>2}: " + ", ".join(cells), flush=True)
 
 

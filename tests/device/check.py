@@ -39,7 +39,7 @@ from tests.device import wheels as device_wheels
 
 ROOT = Path(__file__).resolve().parents[2]
 #: seconds each step may use on the device (their sum, with the install, fits 8 minutes)
-CAPS = {"gpu_tests": 90, "gpu_scd": 280, "allreduce": 60, "threads": 40}
+CAPS = {"gpu_tests": 90, "gpu_scd": 270, "allreduce": 60, "threads": 50}
 REHEARSAL_CAPS = {"gpu_tests": 120, "gpu_scd": 150, "allreduce": 120, "threads": 90}
 VERSIONS = ("numpy", "scipy", "numba", "numba-cuda", "cupy-cuda13x", "cupy-cuda12x", "pyarrow",
             "cryptography", "mmh3", "pytest", "terascale")
