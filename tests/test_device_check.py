@@ -92,7 +92,7 @@ def test_the_gpu_benchmark_ran_every_solver_on_the_simulated_device(rehearsal):
         assert set(runs) == {"cpu_seq", "cpu_threads", "gpu"} | ({"gpu_damped"} if dual else set())
         assert runs["cpu_seq"]["threads"] == 1 and runs["cpu_threads"]["threads"] == os.cpu_count()
         for gpu in [runs["gpu"]] + ([runs["gpu_damped"]] if dual else []):
-            assert 1 <= gpu["rounds"] <= 4 and gpu["pcie"]["bytes_up"] > 0 and gpu["pcie"]["bytes_down"] > 0
+            assert 1 <= gpu["rounds"] <= 3 and gpu["pcie"]["bytes_up"] > 0 and gpu["pcie"]["bytes_down"] > 0
             assert gpu["epoch_s"] > 0 and gpu["setup_s"] > 0
         if dual:  # the hot block by default (one block at a time: the constant alone is hot)
             hot, damped = runs["gpu"], runs["gpu_damped"]
@@ -105,7 +105,7 @@ def test_the_gpu_benchmark_ran_every_solver_on_the_simulated_device(rehearsal):
         for r in runs.values():
             assert (r["epochs_to_gap"] is None) == (r["seconds_to_gap"] is None)
     reached = [r for problems in sets for runs in problems.values() for r in runs.values() if r["epochs_to_gap"]]
-    assert reached  # at the rehearsal's gap (2e-2) some runs get there within 4 rounds
+    assert reached  # at the rehearsal's gap (2e-2) some runs get there within 3 rounds
 
 
 @pytest.mark.slow

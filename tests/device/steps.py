@@ -40,7 +40,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         # 2^8 buckets: the primal solver launches a thread block per column, and every simulated
         # thread is a Python thread
         "rehearsal": {"TERASCALE_BENCH_GPU_ROWS": "160", "TERASCALE_BENCH_GPU_WARMUP_ROWS": "40",
-                      "TERASCALE_BENCH_GPU_MAX_ROUNDS": "4", "TERASCALE_BENCH_GPU_EPS": "2e-2",
+                      "TERASCALE_BENCH_GPU_MAX_ROUNDS": "3", "TERASCALE_BENCH_GPU_EPS": "2e-2",
                       "TERASCALE_BENCH_GPU_CPU_CAP_S": "5",
                       "TERASCALE_BENCH_SCD_BITS": "8", "TERASCALE_BENCH_GPU_WIDE_BITS": "10",
                       "TERASCALE_BENCH_GPU_WEBSPAM_ROWS": "40",
