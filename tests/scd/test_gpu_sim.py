@@ -227,8 +227,10 @@ def _train_case(loss: str, formulation: str, lam: float, max_rounds: int, tol: f
     p = CocoaParams(loss=loss, formulation=formulation, l2=lam, max_rounds=max_rounds, tol=tol,
                     seed=5)
     cpu = train_cocoa(d, LocalCommunicator(), p)
-    # 2 blocks looping over the permutation (not one per coordinate): the asynchronous schedule
-    gpu = train_cocoa_gpu(d, LocalCommunicator(), p, threads_per_block=2, blocks=2, fallback=False)
+    # 2 blocks looping over the permutation (not one per coordinate): the asynchronous schedule;
+    # the damped dual for every loss (the hot block's training: test_gpu_hot_sim)
+    gpu = train_cocoa_gpu(d, LocalCommunicator(), p, threads_per_block=2, blocks=2, fallback=False,
+                          hot_block=False if formulation == "dual" else None)
     b_cpu, b_gpu = model_vector(cpu), model_vector(gpu)
     return {
         "cpu_gap": cpu.gap, "gpu_gap": gpu.gap, "gpu_rounds": gpu.rounds,
