@@ -82,6 +82,16 @@ def default_threads(nnz: int, n_coords: int) -> int:
     return t
 
 
+def block_threads(requested: int | None, nnz: int, n_coords: int) -> int:
+    """Threads per block of a coordinate kernel: ``requested``, checked (a power of two in
+    [1, ``DEFAULT_MAX_THREADS``]), or ``default_threads`` when None."""
+    tpb = default_threads(nnz, n_coords) if requested is None else int(requested)
+    if tpb < 1 or tpb > DEFAULT_MAX_THREADS or tpb & (tpb - 1):
+        raise ValueError(f"threads_per_block: {tpb} is not allowed; expected a power of two "
+                         f"in [1, {DEFAULT_MAX_THREADS}]")
+    return tpb
+
+
 def launch_shape(n: int, per_block: int) -> tuple[int, int]:
     """(grid, threads) of an element-wise kernel over ``n`` items (grid-stride loops inside).
 

@@ -39,8 +39,8 @@ from terascale.solvers.scd.gpu_dense import Cholesky
 from terascale.solvers.scd.gpu_device import (
     MAX_REDUCE_BLOCKS,
     Device,
+    block_threads,
     coord_grid,
-    default_threads,
     launch_shape,
     require_gpu,
     resident_blocks,
@@ -59,9 +59,7 @@ HESSIAN_SEGMENT = 256  # rows of a hot column one block of ``hessian_lower`` tak
 
 def launch_size(data: CSRData, threads_per_block: int | None, blocks: int | None) -> tuple[int, int, int]:
     """(threads per block, grid, rows in flight) of the cold epoch on this device."""
-    tpb = default_threads(data.nnz, data.n_rows) if threads_per_block is None else int(threads_per_block)
-    if tpb < 1 or tpb > 256 or tpb & (tpb - 1):
-        raise ValueError(f"threads_per_block: {tpb} is not allowed; expected a power of two in [1, 256]")
+    tpb = block_threads(threads_per_block, data.nnz, data.n_rows)
     grid = max(1, data.n_rows if blocks is None else min(int(blocks), data.n_rows))
     return tpb, grid, min(grid, resident_blocks(tpb))
 

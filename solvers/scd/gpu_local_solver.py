@@ -31,8 +31,8 @@ from terascale.solvers.data import CSRData
 from terascale.solvers.scd.gpu_device import (
     MAX_REDUCE_BLOCKS,
     Device,
+    block_threads,
     coord_grid,
-    default_threads,
     launch_shape,
     require_gpu,
     resident_blocks,
@@ -56,10 +56,7 @@ class _GpuLocalSolver(abc.ABC):
         require_gpu()
         self.gk, self.rk = gk, rk
         self.dev = Device()
-        tpb = default_threads(nnz, n_coords) if threads_per_block is None else int(threads_per_block)
-        if tpb < 1 or tpb > gk.MAX_THREADS or tpb & (tpb - 1):
-            raise ValueError(f"threads_per_block: {tpb} is not allowed; expected a power of two "
-                             f"in [1, {gk.MAX_THREADS}]")
+        tpb = block_threads(threads_per_block, nnz, n_coords)
         if blocks is not None and blocks < 1:
             raise ValueError(f"blocks: {blocks} is not allowed; expected an integer >= 1 or None")
         self.tpb = tpb
